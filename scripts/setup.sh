@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Everything a fresh machine needs before the demo or the tests:
+# Debian packages, the project virtualenv at .venv, and the Go-built
+# etcd/kube-apiserver (cached outside the repo). Safe to run again: each step
+# is skipped when already done.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+APT_PACKAGES=(
+    iproute2                      # ip netns / veth for tests and the demo
+    containernetworking-plugins   # the real reference CNI plugins (bridge, host-local, tuning, ...)
+    containerd runc               # the real container runtime for e2e tests and the demo
+    gcc libc6-dev                 # static pause binary for the local sandbox image
+    time                          # peak-memory figures of the Go builds
+    procps                        # pgrep/ps used by the scripts
+)
+
+install_packages() {
+    local missing=()
+    for p in "${APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        log "installing Debian packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+    # Debian's containerd package enables and starts a system containerd where
+    # systemd runs; the harness starts its own, so nothing else is needed here.
+}
+
+make_venv() {
+    local stamp="$ROOT/.venv/.netclaim-installed"
+    local want
+    want="$(sha256sum "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        return 0
+    fi
+    log "creating the virtualenv at .venv"
+    python3 -m venv "$ROOT/.venv"
+    "$ROOT/.venv/bin/python" -m pip install -q --upgrade pip
+    "$ROOT/.venv/bin/python" -m pip install -q -e "$ROOT[test,bench]"
+    echo "$want" >"$stamp"
+}
+
+install_packages
+make_venv
+"$ROOT/scripts/build-control-plane.sh" >/dev/null
+log "ready"
