@@ -12,6 +12,9 @@ KUBE_VERSION="$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$HERE
 ETCD_VERSION="$(sed -n 's/^require go.etcd.io\/etcd\/server\/v3 \(v[0-9.]*\)$/\1/p' "$HERE/gomod/etcd/go.mod")"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
+# One build at a time: concurrent callers (parallel test sessions) wait here.
+exec 8>"$CACHE/.build.lock"
+flock 8
 
 log() { printf '[build] %s\n' "$*" >&2; }
 

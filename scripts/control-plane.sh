@@ -99,7 +99,7 @@ start_etcd() {
         --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER_PORT}" \
         --initial-cluster "netclaim=http://127.0.0.1:${ETCD_PEER_PORT}" \
         --quota-backend-bytes 2147483648 --unsafe-no-fsync \
-        </dev/null >"$DIR/etcd.log" 2>&1 &
+        </dev/null >"$DIR/etcd.log" 2>&1 9>&- &
     echo $! >"$DIR/etcd.pid"
     local i
     for i in $(seq 1 100); do
@@ -128,8 +128,9 @@ start_apiserver() {
         --enable-admission-plugins NodeRestriction \
         --disable-admission-plugins ServiceAccount \
         --allow-privileged=true \
+        --endpoint-reconciler-type none \
         --profiling=false \
-        </dev/null >"$DIR/kube-apiserver.log" 2>&1 &
+        </dev/null >"$DIR/kube-apiserver.log" 2>&1 9>&- &
     echo $! >"$DIR/kube-apiserver.pid"
     wait_ready
 }
