@@ -1,0 +1,182 @@
+"""One function per CNI verb: cmd_add, cmd_del, cmd_check, cmd_gc, cmd_status, cmd_version.
+
+Each takes the validated environment and config, does its netns work (only
+when needed), hands an event to the publisher and returns the JSON to print
+(or None: DEL, CHECK, GC and STATUS print nothing on success).
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import handoff, results, wire
+from . import state as state_store
+from .config import LATEST_VERSION, SUPPORTED_VERSIONS, Env, NetConf
+from .errors import CHECK_DRIFT, NOT_AVAILABLE, CNIError, config_error
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
+    from .log import Log
+
+GC_ATTACHMENT = "*"  # container_id/ifname of a GC event: it covers the whole network
+
+
+def _event(op: str, env: Env, conf: NetConf, **fields: Any) -> wire.Event:
+    pod = env.pod
+    return wire.Event(
+        op=op,
+        container_id=env.container_id or GC_ATTACHMENT,
+        ifname=env.ifname or GC_ATTACHMENT,
+        driver=conf.driver,
+        netns=env.netns,
+        network=conf.name,
+        request=conf.request,
+        pod=wire.PodRef(*pod) if pod else None,
+        cni_version=conf.cni_version,
+        **fields,
+    )
+
+
+def _state_path(env: Env, conf: NetConf) -> str:
+    return state_store.state_path(conf.state_dir, conf.name, env.container_id, env.ifname)
+
+
+def _fill_from_link(result: dict[str, Any], index: int | None, link: Any, env: Env) -> None:
+    """Put the kernel's MAC/MTU into the sandbox interface entry (add one if missing)."""
+    if index is None:
+        result["interfaces"].append({"name": env.ifname, "mac": link.mac, "mtu": link.mtu, "sandbox": env.netns})
+        return
+    iface = result["interfaces"][index]
+    iface["mac"] = link.mac
+    iface["mtu"] = link.mtu
+
+
+def _needs_read_back(result: dict[str, Any], index: int | None, version: str) -> bool:
+    if index is None:
+        return True
+    iface = result["interfaces"][index]
+    return not iface.get("mac") or (version.startswith("1.") and not iface.get("mtu"))
+
+
+def cmd_add(env: Env, conf: NetConf, log: Log) -> dict[str, Any]:
+    prev = conf.prev_result or {}
+    results.validate(prev)
+    current = results.to_current(prev)
+    index = results.sandbox_interface(current, env.ifname)
+    if conf.interface is not None:
+        from . import interface
+
+        meta = {"network": conf.name, "containerID": env.container_id, "ifname": env.ifname, "netns": env.netns}
+        link = interface.apply(env.netns, env.ifname, conf.interface, _state_path(env, conf), meta)
+        _fill_from_link(current, index, link, env)
+        log.info("interface configured", applied=conf.interface.to_dict())
+    elif _needs_read_back(current, index, conf.cni_version):
+        from . import interface
+
+        try:
+            _fill_from_link(current, index, interface.read_back(env.netns, env.ifname), env)
+        except CNIError as exc:
+            # Report-only: a missing MAC/MTU must not fail the pod; report what we have.
+            log.warning("interface read-back failed", error=exc.msg)
+    outcome = handoff.deliver(_event("ADD", env, conf, result=current), conf, log, may_fail=True)
+    log.info("ADD done", handoff=outcome)
+    return results.from_current(current, conf.cni_version)
+
+
+def cmd_del(env: Env, conf: NetConf, log: Log) -> None:
+    """Best effort and idempotent: no netns, no state, no prevResult, no publisher are all fine."""
+    path = _state_path(env, conf)
+    saved = state_store.load(path)
+    if saved is not None and env.netns:
+        from . import interface
+
+        try:
+            failed = interface.restore(env.netns, env.ifname, saved)
+        except OSError as exc:
+            failed = [str(exc)]
+        if failed:
+            log.warning("restore incomplete", failed=failed)
+    state_store.remove(path)
+    current = None
+    if conf.prev_result is not None:
+        try:
+            results.validate(conf.prev_result)
+            current = results.to_current(conf.prev_result)
+        except CNIError as exc:
+            log.warning("ignoring invalid prevResult on DEL", error=exc.msg)
+    outcome = handoff.deliver(_event("DEL", env, conf, result=current), conf, log, may_fail=False)
+    log.info("DEL done", handoff=outcome, restored=saved is not None)
+    return None
+
+
+def cmd_check(env: Env, conf: NetConf, log: Log) -> None:
+    from . import interface
+
+    prev = conf.prev_result or {}
+    results.validate(prev)
+    current = results.to_current(prev)
+    index = results.sandbox_interface(current, env.ifname)
+    mac = current["interfaces"][index].get("mac") if index is not None else None
+    problems = interface.verify(env.netns, env.ifname, mac, results.addresses_for(current, index), conf.interface)
+    check_error = "; ".join(problems)
+    outcome = handoff.deliver(_event("CHECK", env, conf, result=current, check_error=check_error), conf, log,
+                              may_fail=False)
+    log.info("CHECK done", handoff=outcome, drift=check_error)
+    if problems:
+        raise CNIError(CHECK_DRIFT, f"CHECK: interface {env.ifname} differs from prevResult/config", check_error)
+    return None
+
+
+def _valid_attachments(raw: dict[str, Any]) -> list[dict[str, str]]:
+    for key in ("cni.dev/valid-attachments", "cni.dev/attachments"):
+        if key in raw:
+            value = raw[key]
+            if not isinstance(value, list) or not all(
+                isinstance(a, dict) and isinstance(a.get("containerID"), str) and isinstance(a.get("ifname"), str)
+                for a in value
+            ):
+                raise config_error(key, "must be a list of {containerID, ifname}")
+            return [{"containerID": a["containerID"], "ifname": a["ifname"]} for a in value]
+    # Without the list we cannot know what is stale; refusing beats deleting everything.
+    raise config_error("cni.dev/valid-attachments", "is required for GC")
+
+
+def cmd_gc(env: Env, conf: NetConf, log: Log) -> None:
+    valid = _valid_attachments(conf.raw)
+    keep = {(a["containerID"], a["ifname"]) for a in valid}
+    removed = []
+    for container_id, ifname, path in state_store.list_attachments(conf.state_dir, conf.name):
+        if (container_id, ifname) not in keep:
+            state_store.remove(path)
+            removed.append(f"{container_id}/{ifname}")
+    outcome = handoff.deliver(_event("GC", env, conf, valid_attachments=valid), conf, log, may_fail=False)
+    log.info("GC done", handoff=outcome, removedState=removed, valid=len(valid))
+    return None
+
+
+def _writable_dir(path: str) -> bool:
+    """True when `path` is a writable dir, or could be created under one."""
+    while path and path != "/":
+        if os.path.isdir(path):
+            return os.access(path, os.W_OK | os.X_OK)
+        if os.path.exists(path):
+            return False
+        path = os.path.dirname(path)
+    return os.access("/", os.W_OK | os.X_OK)
+
+
+def cmd_status(env: Env, conf: NetConf, log: Log) -> None:
+    """Ready for ADD when an event can be handed off: socket present or spool writable."""
+    if os.path.exists(conf.socket_path) or _writable_dir(conf.spool_dir):
+        return None
+    raise CNIError(NOT_AVAILABLE, "netclaim is not ready: no publisher socket and the spool dir is not writable",
+                   f"socketPath={conf.socket_path} spoolDir={conf.spool_dir}")
+
+
+def cmd_version() -> dict[str, Any]:
+    return {"cniVersion": LATEST_VERSION, "supportedVersions": list(SUPPORTED_VERSIONS)}
+
+
+COMMANDS = {"ADD": cmd_add, "DEL": cmd_del, "CHECK": cmd_check, "GC": cmd_gc, "STATUS": cmd_status}

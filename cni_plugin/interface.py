@@ -1,0 +1,243 @@
+"""Interface work inside CNI_NETNS: setup, read-back, verification, restore.
+
+Imported only when an invocation really touches the netns (an `interface`
+block, a result without mac/mtu, CHECK, DEL with saved state), so a plain
+report-only ADD never pays for netlink or setns.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import state as state_store
+from .config import InterfaceConf, sysctl_path_parts
+from .errors import INTERFACE_NOT_FOUND, INVALID_NETWORK_CONFIG, IO_FAILURE, UNKNOWN_CONTAINER, CNIError
+from .netlink import Link, RtNetlink, format_cidr, parse_cidr
+from .netns import NetNS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
+
+def sysctl_file(key: str, ifname: str) -> str:
+    """`net.ipv4.conf.IFNAME.arp_filter` -> /proc/sys/net/ipv4/conf/<ifname>/arp_filter."""
+    parts = [ifname if p == "IFNAME" else p for p in sysctl_path_parts(key)]
+    return "/proc/sys/" + "/".join(parts)
+
+
+def _read_sysctl(path: str) -> str:
+    with open(path, "rb") as fh:
+        return fh.read().decode().strip()
+
+
+def _write_sysctl(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _enter(netns: str) -> NetNS:
+    return NetNS(netns)
+
+
+def _open_error(netns: str, exc: OSError) -> CNIError:
+    return CNIError(UNKNOWN_CONTAINER, f"cannot open netns {netns!r}: {exc.strerror or exc}")
+
+
+def _find(nl: RtNetlink, ifname: str, netns: str) -> Link:
+    link = nl.get_link(ifname)
+    if link is None:
+        raise CNIError(INTERFACE_NOT_FOUND, f"interface {ifname!r} not found in netns {netns!r}")
+    return link
+
+
+def read_back(netns: str, ifname: str) -> Link:
+    """MAC and MTU of CNI_IFNAME as the kernel has them."""
+    try:
+        with _enter(netns), RtNetlink() as nl:
+            return _find(nl, ifname, netns)
+    except OSError as exc:
+        raise _open_error(netns, exc) from None
+
+
+def _set_error(field: str, exc: OSError) -> CNIError:
+    code = INVALID_NETWORK_CONFIG if exc.errno in (22, 34, 99) else IO_FAILURE  # EINVAL ERANGE EADDRNOTAVAIL
+    return CNIError(code, f"interface setup failed: interface.{field}: {exc.strerror or exc}")
+
+
+def apply(netns: str, ifname: str, conf: InterfaceConf, path: str, meta: dict[str, Any]) -> Link:
+    """Apply the `interface` block; save the originals first so DEL can restore.
+
+    On a failure half-way, what was already changed is rolled back and the
+    state removed, so a failed ADD leaves the sandbox as it found it.
+    """
+    try:
+        ns = _enter(netns)
+        ns.__enter__()
+    except OSError as exc:
+        raise _open_error(netns, exc) from None
+    try:
+        with RtNetlink() as nl:
+            link = _find(nl, ifname, netns)
+            original = _originals(link, conf, ifname)
+            state_store.save(path, dict(meta, original=original, applied=conf.to_dict()))
+            try:
+                _apply(nl, link, conf, ifname)
+            except OSError as exc:
+                field = getattr(exc, "netclaim_field", "?")
+                _restore(nl, ifname, original)
+                state_store.remove(path)
+                raise _set_error(field, exc) from None
+            return _find(nl, ifname, netns)
+    finally:
+        ns.__exit__(None, None, None)
+
+
+def _originals(link: Link, conf: InterfaceConf, ifname: str) -> dict[str, Any]:
+    original: dict[str, Any] = {}
+    if conf.mtu is not None and conf.mtu != link.mtu:
+        original["mtu"] = link.mtu
+    if conf.tx_queue_len is not None and conf.tx_queue_len != link.txqlen:
+        original["txQueueLen"] = link.txqlen
+    if conf.mac is not None and conf.mac != link.mac:
+        original["mac"] = link.mac
+    if conf.alt_name is not None and conf.alt_name not in link.alt_names:
+        original["altNameAdded"] = conf.alt_name
+    if conf.up is not None and conf.up != link.up:
+        original["up"] = link.up
+    sysctl = {}
+    for key in conf.sysctl:
+        path = sysctl_file(key, ifname)
+        try:
+            sysctl[path] = _read_sysctl(path)
+        except OSError as exc:
+            raise CNIError(INVALID_NETWORK_CONFIG,
+                           f"invalid network config: interface.sysctl[{key!r}]: {exc.strerror}") from None
+    if sysctl:
+        original["sysctl"] = sysctl
+    return original
+
+
+def _tag(exc: OSError, field: str) -> OSError:
+    exc.netclaim_field = field  # type: ignore[attr-defined]
+    return exc
+
+
+def _apply(nl: RtNetlink, link: Link, conf: InterfaceConf, ifname: str) -> None:
+    steps = (
+        ("mtu", conf.mtu, lambda v: nl.set_link(link.index, mtu=v)),
+        ("txQueueLen", conf.tx_queue_len, lambda v: nl.set_link(link.index, txqlen=v)),
+        ("mac", conf.mac, lambda v: nl.set_mac(link, v)),
+        ("altName", conf.alt_name if conf.alt_name not in link.alt_names else None,
+         lambda v: nl.alt_name(link.index, v, add=True)),
+        ("up", conf.up, lambda v: nl.set_link(link.index, up=v)),
+    )
+    for field, value, setter in steps:
+        if value is None:
+            continue
+        try:
+            setter(value)
+        except OSError as exc:
+            raise _tag(exc, field) from None
+    for key, value in conf.sysctl.items():
+        try:
+            _write_sysctl(sysctl_file(key, ifname), value)
+        except OSError as exc:
+            raise _tag(exc, f"sysctl[{key!r}]") from None
+
+
+def _restore(nl: RtNetlink, ifname: str, original: dict[str, Any]) -> list[str]:
+    """Put back every recorded original; best effort, returns what failed."""
+    failed = []
+    link = nl.get_link(ifname)
+    if link is None:
+        return failed
+    for path, value in original.get("sysctl", {}).items():
+        try:
+            _write_sysctl(path, value)
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror}")
+    actions = (
+        ("up", lambda v: nl.set_link(link.index, up=v)),
+        ("altNameAdded", lambda v: nl.alt_name(link.index, v, add=False)),
+        ("mac", lambda v: nl.set_mac(link, v)),
+        ("txQueueLen", lambda v: nl.set_link(link.index, txqlen=v)),
+        ("mtu", lambda v: nl.set_link(link.index, mtu=v)),
+    )
+    for key, action in actions:
+        if key in original:
+            try:
+                action(original[key])
+            except OSError as exc:
+                if not (key == "altNameAdded" and exc.errno in (2, 19, 61)):
+                    failed.append(f"{key}: {exc.strerror}")
+    return failed
+
+
+def restore(netns: str, ifname: str, saved: dict[str, Any]) -> list[str]:
+    """DEL: restore originals inside the netns; a vanished netns or link is fine."""
+    try:
+        ns = _enter(netns)
+        ns.__enter__()
+    except OSError:
+        return []
+    try:
+        with RtNetlink() as nl:
+            return _restore(nl, ifname, saved.get("original", {}))
+    finally:
+        ns.__exit__(None, None, None)
+
+
+def verify(netns: str, ifname: str, expected_mac: str | None, addresses: list[str],
+           conf: InterfaceConf | None) -> list[str]:
+    """CHECK: every difference between the netns and prevResult/config, as text."""
+    problems: list[str] = []
+    try:
+        ns = _enter(netns)
+        ns.__enter__()
+    except OSError as exc:
+        raise _open_error(netns, exc) from None
+    try:
+        with RtNetlink() as nl:
+            link = nl.get_link(ifname)
+            if link is None:
+                return [f"interface {ifname} is missing"]
+            if expected_mac and expected_mac.lower() != link.mac:
+                problems.append(f"mac is {link.mac}, prevResult says {expected_mac.lower()}")
+            present = {(f, raw, plen) for f, raw, plen in nl.addresses(link.index)}
+            for cidr in addresses:
+                parsed = parse_cidr(cidr)
+                if parsed is None or parsed not in present:
+                    problems.append(f"address {cidr} is missing")
+            if conf is not None:
+                problems += _verify_conf(link, conf, ifname)
+            if problems:
+                have = sorted(format_cidr(*p) for p in present)
+                problems.append(f"(interface has {', '.join(have) or 'no addresses'})")
+    finally:
+        ns.__exit__(None, None, None)
+    return problems
+
+
+def _verify_conf(link: Link, conf: InterfaceConf, ifname: str) -> list[str]:
+    problems = []
+    checks = (("mtu", conf.mtu, link.mtu), ("txQueueLen", conf.tx_queue_len, link.txqlen),
+              ("mac", conf.mac, link.mac), ("up", conf.up, link.up))
+    for field, want, have in checks:
+        if want is not None and want != have:
+            problems.append(f"{field} is {have!r}, config says {want!r}")
+    if conf.alt_name is not None and conf.alt_name not in link.alt_names:
+        problems.append(f"altName {conf.alt_name} is missing")
+    for key, want in conf.sysctl.items():
+        path = sysctl_file(key, ifname)
+        try:
+            have = _read_sysctl(path)
+        except OSError as exc:
+            problems.append(f"sysctl {key}: {exc.strerror}")
+            continue
+        if have != want.strip():
+            problems.append(f"sysctl {key} is {have!r}, config says {want!r}")
+    return problems
