@@ -1,0 +1,72 @@
+"""Helpers for the deployment tests: what an operator installs, checked for real.
+
+The shipped files under conf/ and scripts/install.sh are used as they are;
+where a test must rename something (a unique bridge, namespace or binding name
+so that parallel test runs do not collide), it rewrites a copy and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+INSTALL_SH = REPO / "scripts" / "install.sh"
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+DRIVER = "net.example.com"
+
+
+def suffix() -> str:
+    """A short random suffix for names shared with other test runs (netns, links, API objects)."""
+    return uuid.uuid4().hex[:6]
+
+
+def run_install(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """scripts/install.sh exactly as an operator (or the e2e harness) calls it."""
+    proc = subprocess.run(
+        ["bash", str(INSTALL_SH), *args], capture_output=True, text=True, timeout=120
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"install.sh {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
+    with path.open() as fh:
+        return [doc for doc in yaml.safe_load_all(fh) if doc]
+
+
+def manifest_files() -> list[Path]:
+    """Every Kubernetes manifest shipped in conf/ (sorted: namespace first)."""
+    return sorted((CONF / "kubernetes").rglob("*.yaml"), key=lambda p: (p.parent != CONF / "kubernetes", str(p)))
+
+
+def netclaim_publisher_bin() -> Path:
+    return REPO / ".venv" / "bin" / "netclaim-publisher"
+
+
+def python_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+__all__ = [
+    "CONF",
+    "DRIVER",
+    "INSTALL_SH",
+    "REPO",
+    "VENV_PYTHON",
+    "load_yaml_docs",
+    "manifest_files",
+    "netclaim_publisher_bin",
+    "python_env",
+    "run_install",
+    "suffix",
+]

@@ -1,0 +1,96 @@
+"""Every Kubernetes manifest shipped in conf/ is accepted by the real API server.
+
+Server-side apply with dryRun=All runs the full admission and validation
+chain without persisting anything, which is what `kubectl apply
+--server-side --dry-run=server -f conf/kubernetes/` would tell an operator.
+Namespaced objects need their namespace to exist, so the shipped Namespace is
+applied for real first (and left: there is nothing to clean up in it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes.dynamic import DynamicClient
+
+from deploylib import CONF, DRIVER, load_yaml_docs, manifest_files
+from kubehelpers import apply_object
+
+pytestmark = pytest.mark.controlplane
+
+MANAGER = "netclaim-deploy-test"
+
+
+def all_docs() -> list[tuple[str, dict]]:
+    return [(str(path.relative_to(CONF)), doc) for path in manifest_files() for doc in load_yaml_docs(path)]
+
+
+def test_manifests_cover_what_an_operator_needs() -> None:
+    kinds = {doc["kind"] for _, doc in all_docs()}
+    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
+            "DeviceClass", "ResourceClaimTemplate", "Pod"} <= kinds
+
+
+def test_every_manifest_applies_with_server_side_dry_run(api_client) -> None:
+    dyn = DynamicClient(api_client)
+    namespaces = [doc for _, doc in all_docs() if doc["kind"] == "Namespace"]
+    for ns in namespaces:
+        apply_object(dyn, ns, MANAGER, dry_run=False)
+
+    failures = []
+    for name, doc in all_docs():
+        try:
+            got = apply_object(dyn, doc, MANAGER, dry_run=True)
+        except Exception as exc:  # report every manifest, not only the first failure
+            failures.append(f"{name} {doc['kind']}/{doc['metadata']['name']}: {getattr(exc, 'body', exc)}")
+            continue
+        assert got.kind == doc["kind"] and got.metadata.name == doc["metadata"]["name"]
+    assert not failures, "\n".join(failures)
+
+
+def test_daemonset_as_the_api_server_defaults_it(api_client) -> None:
+    """What the API server stores for the DaemonSet: the security-relevant parts."""
+    dyn = DynamicClient(api_client)
+    [doc] = [d for _, d in all_docs() if d["kind"] == "DaemonSet"]
+    apply_object(dyn, next(d for _, d in all_docs() if d["kind"] == "Namespace"), MANAGER, dry_run=False)
+    got = apply_object(dyn, doc, MANAGER, dry_run=True).to_dict()
+    pod = got["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert not pod.get("hostPID") and not pod.get("hostIPC")
+    assert pod["automountServiceAccountToken"] is False
+    for c in pod["containers"] + pod["initContainers"]:
+        sc = c["securityContext"]
+        assert not sc.get("privileged"), c["name"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], c["name"]
+        assert c["resources"]["requests"] and c["resources"]["limits"], c["name"]
+    publisher = pod["containers"][0]
+    env = {e["name"]: e for e in publisher["env"]}
+    assert env["NETCLAIM_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert publisher["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert publisher["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    token = volumes["api-token"]["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["expirationSeconds"] == 3600
+    mounts = {m["name"]: m for m in publisher["volumeMounts"]}
+    assert mounts["netns"]["readOnly"] is True
+    assert "cni-bin" not in mounts and "cni-conf" not in mounts  # only the init container writes those
+
+
+def test_rbac_driver_names_match_the_plugin_configuration() -> None:
+    """The resourceNames the API server checks are the driverName the plugin reports."""
+    docs = [d for _, d in all_docs()]
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    driver_rules = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert driver_rules == [{
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims/driver"],
+        "resourceNames": [DRIVER],
+        "verbs": ["associated-node:patch", "associated-node:update"],
+    }]
+    assert not any(v.startswith("arbitrary-node") for r in role["rules"] for v in r["verbs"])
+    assert not any("*" in r["verbs"] or "*" in r["resources"] for r in role["rules"])
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert config["data"]["DRIVER_NAME"] == DRIVER
+    for conflist in (CONF / "cni").glob("*.conflist"):
+        assert json.loads(conflist.read_text())["plugins"][-1]["driverName"] == DRIVER, conflist.name

@@ -1,0 +1,243 @@
+"""conf/systemd/netclaim-publisher.service: valid, locked down, and the layout it deploys.
+
+There is no systemd running here (PID 1 is not systemd), so:
+- systemd's own `systemd-analyze verify` and `security --offline` judge the
+  unit file (syntax, and the exposure score of its sandboxing);
+- the publisher is then started the way the unit starts it: the directories
+  systemd would create with the unit's modes, the unit's UMask, and the
+  unit's ExecStart command line (paths moved under a temp root). What is
+  checked is what an operator would see on the node: a 0600 socket in 0700
+  directories that a non-root process cannot connect to.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from deploylib import CONF, REPO, netclaim_publisher_bin, python_env
+from cni_plugin.wire import encode_frame, read_frame
+
+UNIT = CONF / "systemd" / "netclaim-publisher.service"
+SHIPPED_BIN = "/opt/netclaim/venv/bin/netclaim-publisher"
+MAX_EXPOSURE = 2.5
+
+
+def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """Sections -> key -> values (keys may repeat), with backslash continuations joined."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    logical = re.sub(r"\\\n\s*", " ", path.read_text())
+    for line in logical.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        key, _, value = line.partition("=")
+        assert current is not None, line
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def local_unit(tmp: Path) -> Path:
+    """The shipped unit with ExecStart pointing at this checkout's publisher."""
+    text = UNIT.read_text().replace(SHIPPED_BIN, str(netclaim_publisher_bin()))
+    out = tmp / UNIT.name
+    out.write_text(text)
+    return out
+
+
+def test_unit_passes_systemd_verify(tmp_root: Path) -> None:
+    proc = subprocess.run(["systemd-analyze", "verify", str(local_unit(tmp_root))],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def exposure(unit: Path) -> float:
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)],
+                          capture_output=True, text=True, timeout=60)
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", proc.stdout)
+    assert match, proc.stdout + proc.stderr
+    return float(match.group(1))
+
+
+def test_unit_sandboxing_exposure_is_low(tmp_root: Path) -> None:
+    bare = tmp_root / "bare.service"
+    bare.write_text(f"[Service]\nExecStart={netclaim_publisher_bin()} run\n")
+    assert exposure(bare) > 9, "systemd-analyze no longer scores an unconfined unit as exposed"
+    score = exposure(local_unit(tmp_root))
+    assert score <= MAX_EXPOSURE, f"exposure {score} > {MAX_EXPOSURE}"
+
+
+def test_unit_holds_no_capabilities_and_private_directories() -> None:
+    service = parse_unit(UNIT)["Service"]
+    assert service["CapabilityBoundingSet"] == [""]
+    assert service["NoNewPrivileges"] == ["yes"]
+    assert service["UMask"] == ["0077"]
+    assert service["RuntimeDirectoryMode"] == ["0700"]
+    assert service["StateDirectoryMode"] == ["0700"]
+    assert service["ProtectSystem"] == ["strict"]
+    assert "AF_NETLINK" not in service["RestrictAddressFamilies"][0]
+
+
+def unit_argv(root: Path, metrics_port: int) -> tuple[list[str], dict[str, Path]]:
+    """ExecStart as systemd would expand it, with the node paths moved under `root`."""
+    service = parse_unit(UNIT)["Service"]
+    env = {}
+    for assignment in service["Environment"]:
+        key, _, value = assignment.partition("=")
+        env[key] = value.replace("%H", "node-a")
+    command = service["ExecStart"][0]
+    command = command.replace("${NETCLAIM_NODE_NAME}", env["NETCLAIM_NODE_NAME"])
+    command = command.replace("$NETCLAIM_ARGS", env["NETCLAIM_ARGS"])
+    dirs = {
+        "/run/netclaim": root / "run" / "netclaim",
+        "/var/lib/netclaim": root / "var" / "lib" / "netclaim",
+        "/etc/netclaim": root / "etc" / "netclaim",
+    }
+    argv = shlex.split(command)
+    argv[0] = str(netclaim_publisher_bin())
+    for i, arg in enumerate(argv):
+        for node_path, moved in dirs.items():
+            if arg.startswith(node_path):
+                argv[i] = str(moved) + arg[len(node_path):]
+        if arg == "127.0.0.1:9464":
+            argv[i] = f"127.0.0.1:{metrics_port}"
+    return argv, dirs
+
+
+def systemd_directories(root: Path, dirs: dict[str, Path]) -> None:
+    """What systemd does before ExecStart for RuntimeDirectory=/StateDirectory=/ConfigurationDirectory=."""
+    service = parse_unit(UNIT)["Service"]
+    plan = {
+        "RuntimeDirectory": (root / "run", service["RuntimeDirectoryMode"][0]),
+        "StateDirectory": (root / "var" / "lib", service["StateDirectoryMode"][0]),
+        "ConfigurationDirectory": (root / "etc", service["ConfigurationDirectoryMode"][0]),
+    }
+    for key, (base, mode) in plan.items():
+        for name in service[key][0].split():
+            path = base / name
+            path.mkdir(parents=True, exist_ok=True)
+            os.chmod(path, int(mode, 8))
+    (root / "run").chmod(0o755)
+    (root / "var").chmod(0o755)
+    (root / "var" / "lib").chmod(0o755)
+    (root / "etc").chmod(0o755)
+    root.chmod(0o755)  # like / on a node: others may traverse it
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def connect_as(uid: int, path: str) -> str:
+    """Connect to the socket from a child process running as `uid`; returns the outcome."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: drop to uid, try, report, exit without running pytest's cleanup
+        os.close(read_fd)
+        outcome = "connected"
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(5)
+                sock.connect(path)
+                sock.sendall(encode_frame({"kind": "status"}))
+                reply = read_frame(sock)
+                outcome = "ok" if reply.get("ok") else f"refused-by-server: {reply.get('error')}"
+        except PermissionError:
+            outcome = "EACCES"
+        except (OSError, EOFError) as exc:
+            outcome = f"error: {type(exc).__name__}: {exc}"
+        os.write(write_fd, outcome.encode())
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as fh:
+        outcome = fh.read().decode()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+@pytest.fixture()
+def unit_started(tmp_root: Path):
+    """The publisher as netclaim-publisher.service would run it."""
+    port = free_port()
+    argv, dirs = unit_argv(tmp_root, port)
+    systemd_directories(tmp_root, dirs)
+    # A kubeconfig an operator would put in /etc/netclaim; the API is not
+    # needed for the socket layout, so it points at a closed port.
+    kubeconfig = dirs["/etc/netclaim"] / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n"
+        "users:\n- name: u\n  user: {token: unused}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n"
+        "current-context: x\n"
+    )
+    os.chmod(kubeconfig, 0o600)
+    service = parse_unit(UNIT)["Service"]
+    umask = int(service["UMask"][0], 8)
+    log = (tmp_root / "publisher.log").open("w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=python_env(), cwd="/",
+                            preexec_fn=lambda: os.umask(umask))
+    sock = Path(argv[argv.index("--socket") + 1])
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the publisher did not create {sock}:\n{(tmp_root / 'publisher.log').read_text()}")
+            time.sleep(0.1)
+        yield {"socket": sock, "dirs": dirs, "root": tmp_root}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_deployed_layout_is_root_only(unit_started) -> None:
+    sock: Path = unit_started["socket"]
+    state = unit_started["dirs"]["/var/lib/netclaim"]
+    assert stat.S_ISSOCK(sock.stat().st_mode)
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert sock.stat().st_uid == 0
+    for d in (sock.parent, state, state / "publisher", state / "spool"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    journal_files = [p for p in (state / "publisher").rglob("*") if p.is_file()]
+    assert journal_files, "the publisher wrote no journal under its state dir"
+    for f in journal_files:
+        assert stat.S_IMODE(f.stat().st_mode) & 0o077 == 0, f
+
+
+def test_non_root_client_is_refused_root_is_served(unit_started) -> None:
+    path = str(unit_started["socket"])
+    assert connect_as(65534, path) == "EACCES"
+    assert connect_as(0, path) == "ok"
+
+
+def test_unit_file_paths_match_the_plugin_defaults() -> None:
+    """The unit serves the socket and spool the plugin uses when the conflist says nothing."""
+    from cni_plugin import wire
+
+    command = parse_unit(UNIT)["Service"]["ExecStart"][0]
+    assert f"--socket {wire.DEFAULT_SOCKET}" in command
+    assert f"--spool-dir {wire.DEFAULT_SPOOL_DIR}" in command
+    assert shutil.which("systemd-analyze"), "systemd-analyze is needed by these tests"
+    assert REPO.joinpath("docs", "install.md").exists()
