@@ -1,0 +1,353 @@
+"""The journal: SQLite (WAL) holding pending events and every attachment's desired state.
+
+An event is acknowledged to the plugin only after `append` committed it, so
+once the plugin's ADD has returned, the event survives a publisher crash or a
+node reboot. `attachments` is the desired state: what this node wants each
+claim's status to say. Applies are computed from it, resync re-applies it, and
+a restart re-applies it, so the API server converges to it whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from cni_plugin.wire import Event, WireError, list_spool, read_spool
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id TEXT NOT NULL UNIQUE,
+    container_id TEXT NOT NULL,
+    ifname TEXT NOT NULL,
+    op TEXT NOT NULL,
+    shard_key INTEGER NOT NULL,
+    received REAL NOT NULL,
+    body TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_try REAL NOT NULL DEFAULT 0,
+    error TEXT NOT NULL DEFAULT '',
+    finished REAL
+);
+CREATE INDEX IF NOT EXISTS events_pending ON events(state, container_id, ifname, seq);
+CREATE TABLE IF NOT EXISTS attachments (
+    container_id TEXT NOT NULL,
+    ifname TEXT NOT NULL,
+    driver TEXT NOT NULL,
+    network TEXT NOT NULL,
+    pod_namespace TEXT NOT NULL,
+    pod_name TEXT NOT NULL,
+    pod_uid TEXT NOT NULL,
+    claim_namespace TEXT NOT NULL,
+    claim_name TEXT NOT NULL,
+    claim_uid TEXT NOT NULL,
+    pool TEXT NOT NULL,
+    device TEXT NOT NULL,
+    share_id TEXT NOT NULL DEFAULT '',
+    entry TEXT NOT NULL,
+    result_hash TEXT NOT NULL,
+    event_ts REAL NOT NULL,
+    updated REAL NOT NULL,
+    PRIMARY KEY (container_id, ifname)
+);
+CREATE INDEX IF NOT EXISTS attachments_claim ON attachments(claim_namespace, claim_name);
+CREATE TABLE IF NOT EXISTS applied (
+    claim TEXT PRIMARY KEY,
+    body_hash TEXT NOT NULL
+);
+"""
+
+DONE_RETENTION = 24 * 3600.0  # event ids kept this long to drop duplicates
+
+
+@dataclass
+class Pending:
+    seq: int
+    event: Event
+    attempts: int
+    received: float
+
+
+@dataclass
+class Attachment:
+    container_id: str
+    ifname: str
+    driver: str
+    network: str
+    pod_namespace: str
+    pod_name: str
+    pod_uid: str
+    claim_namespace: str
+    claim_name: str
+    claim_uid: str
+    pool: str
+    device: str
+    share_id: str
+    entry: dict[str, Any]
+    result_hash: str
+    event_ts: float
+    updated: float = 0.0
+
+    @property
+    def claim_key(self) -> str:
+        return f"{self.claim_namespace}/{self.claim_name}"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.container_id, self.ifname)
+
+    @property
+    def device_key(self) -> tuple[str, str, str, str]:
+        return (self.driver, self.pool, self.device, self.share_id)
+
+
+_ATT_COLUMNS = list(Attachment.__dataclass_fields__)
+
+
+def shard_key(container_id: str) -> int:
+    """Events of one sandbox always land on the same worker: per-attachment order."""
+    return zlib.crc32(container_id.encode())
+
+
+class Journal:
+    """One SQLite connection shared by the server and worker threads, behind a lock."""
+
+    def __init__(self, state_dir: str) -> None:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        self.path = os.path.join(state_dir, "journal.db")
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: the WAL is fsynced at every commit, which is what makes an ack durable.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+        os.chmod(self.path, 0o600)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _tx(self, durable: bool = False) -> "_Tx":
+        """durable=True fsyncs at commit (an ack depends on it); other commits can be
+        lost in a crash without harm, because replaying the events redoes them."""
+        return _Tx(self, durable)
+
+    # ------------------------------------------------------------ events
+
+    def append(self, event: Event) -> bool:
+        """Commit one event; False when its event_id was seen before (a duplicate)."""
+        return self.append_many([event])[0]
+
+    def append_many(self, events: list[Event]) -> list[bool]:
+        now = time.time()
+        added = []
+        with self._tx(durable=True) as db:
+            for ev in events:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO events(event_id, container_id, ifname, op, shard_key, received, body)"
+                    " VALUES (?,?,?,?,?,?,?)",
+                    (ev.event_id, ev.container_id, ev.ifname, ev.op, shard_key(ev.container_id), now,
+                     json.dumps(ev.to_dict(), separators=(",", ":"))),
+                )
+                added.append(cur.rowcount == 1)
+        return added
+
+    def ready(self, shard: int, shards: int, now: float, limit: int = 64) -> list[Pending]:
+        """Pending events of a shard whose time has come, oldest first, one per attachment.
+
+        An event waits while an older event of the same attachment is still
+        pending (e.g. backing off), so events of one attachment apply in order.
+        """
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, body, attempts, received FROM events e WHERE state='pending'"
+                " AND shard_key % ? = ? AND next_try <= ? AND NOT EXISTS ("
+                "  SELECT 1 FROM events p WHERE p.state='pending' AND p.container_id=e.container_id"
+                "  AND p.ifname=e.ifname AND p.seq < e.seq)"
+                " ORDER BY seq LIMIT ?",
+                (shards, shard, now, limit),
+            ).fetchall()
+        return [Pending(seq, Event.from_dict(json.loads(body)), attempts, received)
+                for seq, body, attempts, received in rows]
+
+    def next_due(self, shard: int, shards: int) -> float | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT MIN(next_try) FROM events WHERE state='pending' AND shard_key % ? = ?", (shards, shard)
+            ).fetchone()
+        return row[0]
+
+    def reschedule(self, seq: int, next_try: float, error: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE events SET attempts=attempts+1, next_try=?, error=? WHERE seq=?", (next_try, error, seq))
+
+    def finish(
+        self,
+        seq: int,
+        state: str = "done",
+        error: str = "",
+        upsert: list[Attachment] | None = None,
+        delete: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """Mark an event handled and change the desired state, in one transaction."""
+        now = time.time()
+        with self._tx() as db:
+            for key in delete or []:
+                db.execute("DELETE FROM attachments WHERE container_id=? AND ifname=?", key)
+            for att in upsert or []:
+                self._put(db, att, now)
+            db.execute("UPDATE events SET state=?, error=?, finished=? WHERE seq=?", (state, error, now, seq))
+
+    def forget(self, keys: list[tuple[str, str]]) -> None:
+        with self._tx() as db:
+            for key in keys:
+                db.execute("DELETE FROM attachments WHERE container_id=? AND ifname=?", key)
+
+    def prune(self, now: float | None = None) -> int:
+        cutoff = (now or time.time()) - DONE_RETENTION
+        with self._tx() as db:
+            return db.execute("DELETE FROM events WHERE state != 'pending' AND finished < ?", (cutoff,)).rowcount
+
+    def depth(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM events WHERE state='pending'").fetchone()[0]
+
+    def oldest_pending(self) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT event_id, op, container_id, ifname, received, attempts, error FROM events"
+                " WHERE state='pending' ORDER BY seq LIMIT 1"
+            ).fetchone()
+        if row is None:
+            return None
+        keys = ("event_id", "op", "containerID", "ifname", "received", "attempts", "last_error")
+        out = dict(zip(keys, row))
+        out["age_seconds"] = round(time.time() - out["received"], 3)
+        return out
+
+    def failed(self, limit: int = 20) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT event_id, op, container_id, ifname, finished, error FROM events"
+                " WHERE state='failed' ORDER BY seq DESC LIMIT ?", (limit,)
+            ).fetchall()
+        keys = ("event_id", "op", "containerID", "ifname", "finished", "error")
+        return [dict(zip(keys, r)) for r in rows]
+
+    # ------------------------------------------------------------ attachments
+
+    @staticmethod
+    def _put(db: sqlite3.Connection, att: Attachment, now: float) -> None:
+        att.updated = now
+        values = [getattr(att, c) for c in _ATT_COLUMNS]
+        values[_ATT_COLUMNS.index("entry")] = json.dumps(att.entry, separators=(",", ":"), sort_keys=True)
+        db.execute(
+            f"INSERT OR REPLACE INTO attachments({','.join(_ATT_COLUMNS)}) VALUES ({','.join('?' * len(_ATT_COLUMNS))})",
+            values,
+        )
+
+    def _rows(self, where: str, params: tuple[Any, ...]) -> list[Attachment]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {','.join(_ATT_COLUMNS)} FROM attachments {where} ORDER BY claim_namespace, claim_name,"
+                " driver, pool, device", params
+            ).fetchall()
+        out = []
+        for row in rows:
+            att = Attachment(*row)
+            att.entry = json.loads(att.entry)  # type: ignore[arg-type]
+            out.append(att)
+        return out
+
+    def attachment(self, container_id: str, ifname: str) -> Attachment | None:
+        rows = self._rows("WHERE container_id=? AND ifname=?", (container_id, ifname))
+        return rows[0] if rows else None
+
+    def for_claim(self, claim_namespace: str, claim_name: str) -> list[Attachment]:
+        return self._rows("WHERE claim_namespace=? AND claim_name=?", (claim_namespace, claim_name))
+
+    def all_attachments(self) -> list[Attachment]:
+        return self._rows("", ())
+
+    def attachment_count(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM attachments").fetchone()[0]
+
+    def claims(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return self._db.execute(
+                "SELECT DISTINCT claim_namespace, claim_name FROM attachments ORDER BY 1, 2"
+            ).fetchall()
+
+    # ------------------------------------------------------------ applied bodies
+
+    def applied_hashes(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._db.execute("SELECT claim, body_hash FROM applied").fetchall())
+
+    def set_applied(self, claim: str, body_hash: str | None) -> None:
+        """Remember what was last applied, so a restart does not re-send unchanged claims."""
+        with self._tx() as db:
+            if body_hash is None:
+                db.execute("DELETE FROM applied WHERE claim=?", (claim,))
+            else:
+                db.execute("INSERT OR REPLACE INTO applied(claim, body_hash) VALUES (?,?)", (claim, body_hash))
+
+    # ------------------------------------------------------------ spool
+
+    def ingest_spool(self, spool_dir: str) -> tuple[int, list[str]]:
+        """Move spooled events into the journal; files go only after the commit.
+
+        Returns (events added, files that could not be parsed). Unparseable
+        files are renamed to *.bad so they are kept for a person to look at but
+        not read again.
+        """
+        events: list[Event] = []
+        paths: list[str] = []
+        bad: list[str] = []
+        for path in list_spool(spool_dir):
+            try:
+                events.append(read_spool(path))
+                paths.append(path)
+            except (OSError, WireError, ValueError, TypeError) as exc:
+                bad.append(f"{os.path.basename(path)}: {exc}")
+                try:
+                    os.rename(path, path + ".bad")
+                except OSError:
+                    pass
+        if not events:
+            return 0, bad
+        added = self.append_many(events)
+        for path in paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        return sum(added), bad
+
+
+class _Tx:
+    def __init__(self, journal: Journal, durable: bool) -> None:
+        self.journal = journal
+        self.durable = durable
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.journal._lock.acquire()
+        self.journal._db.execute(f"PRAGMA synchronous={'FULL' if self.durable else 'NORMAL'}")
+        self.journal._db.execute("BEGIN IMMEDIATE")
+        return self.journal._db
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.journal._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self.journal._lock.release()
+

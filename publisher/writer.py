@@ -1,0 +1,106 @@
+"""Apply: server-side apply of one claim's status.devices, all of this node's entries at once.
+
+Why one apply per claim with every entry: with server-side apply, the set of
+entries in an apply IS what this field manager owns afterwards, so an apply
+that carries one device drops the manager's other devices (dranet #117).
+Entries of other managers (other nodes, other drivers) are never in our
+applies and are therefore never touched. `force` is off: if another manager
+owns a field of one of our entries, the API answers 409 and we report it
+instead of taking the field away from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from .kube import Kube, PermanentError, TransientError
+
+
+def body_hash(entries: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sort_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(entries, key=lambda e: (e["driver"], e["pool"], e["device"], e.get("shareID", "")))
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Capped exponential backoff with full jitter (half fixed, half random)."""
+    delay = min(cap, base * (2 ** min(attempt, 20)))
+    return delay / 2 + random.uniform(0, delay / 2)
+
+
+class Writer:
+    """Applies claim status, skips identical re-applies, retries what can succeed later."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        node_name: str,
+        stopping: threading.Event,
+        on_skip: Callable[[], None] = lambda: None,
+        backoff_base: float = 0.2,
+        backoff_cap: float = 5.0,
+        applied: dict[str, str] | None = None,
+        remember: Callable[[str, str | None], None] = lambda key, digest: None,
+    ) -> None:
+        self.kube = kube
+        self.field_manager = f"netclaim/{node_name}"
+        self.stopping = stopping
+        self.on_skip = on_skip
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self._last: dict[str, str] = dict(applied or {})
+        self.remember = remember
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._guard = threading.Lock()
+
+    def claim_lock(self, claim_key: str) -> threading.Lock:
+        """Held from reading a claim's desired state to committing it: no lost sibling entries."""
+        with self._guard:
+            return self._locks[claim_key]
+
+    def invalidate(self, claim_key: str) -> None:
+        with self._guard:
+            known = self._last.pop(claim_key, None)
+        if known is not None:
+            self.remember(claim_key, None)
+
+    def apply(self, namespace: str, name: str, entries: list[dict[str, Any]], on_retry: Callable[[Exception, int], None] | None = None) -> bool:
+        """Apply; True when a request was made, False when skipped as identical.
+
+        Transient errors are retried until success or shutdown (then the last
+        TransientError is raised; the journal still holds the desired state).
+        PermanentError (incl. NotFound) is raised at once.
+        """
+        key = f"{namespace}/{name}"
+        entries = sort_entries(entries)
+        digest = body_hash(entries)
+        with self._guard:
+            if self._last.get(key) == digest:
+                self.on_skip()
+                return False
+        attempt = 0
+        while True:
+            try:
+                self.kube.apply_claim_status(namespace, name, entries, self.field_manager)
+                break
+            except TransientError as exc:
+                if on_retry:
+                    on_retry(exc, attempt)
+                if self.stopping.wait(backoff_delay(attempt, self.backoff_base, self.backoff_cap)):
+                    raise
+                attempt += 1
+            except PermanentError:
+                self.invalidate(key)
+                raise
+        with self._guard:
+            self._last[key] = digest
+        self.remember(key, digest)
+        return True

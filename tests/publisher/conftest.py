@@ -1,0 +1,53 @@
+"""Fixtures for the publisher tests: a test namespace on the real API server and a
+publisher subprocess that is always stopped at teardown (even when a test fails)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from publisher_testkit import Cluster, Plugin, Publisher, suffix
+
+
+@pytest.fixture()
+def workdir():
+    path = Path(tempfile.mkdtemp(prefix="pubtest-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture()
+def cluster(api_client):
+    c = Cluster(api_client, f"pub-{suffix()}").setup()
+    yield c
+    c.teardown()
+
+
+@pytest.fixture()
+def publisher_factory(control_plane, workdir):
+    """Start publishers on demand; every one started here is killed at teardown."""
+    started: list[Publisher] = []
+
+    def make(start: bool = True, extra: list[str] | None = None, sub: str = "p") -> Publisher:
+        d = workdir / sub
+        d.mkdir(exist_ok=True)
+        p = Publisher(control_plane.kubeconfig, d, extra=list(extra or []))
+        started.append(p)
+        return p.start() if start else p
+
+    yield make
+    for p in started:
+        p.kill()
+
+
+@pytest.fixture()
+def publisher(publisher_factory):
+    return publisher_factory()
+
+
+@pytest.fixture()
+def plugin(publisher, workdir):
+    return Plugin(publisher.socket, publisher.spool, workdir)

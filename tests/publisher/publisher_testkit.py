@@ -1,0 +1,301 @@
+"""Builders and clients for publisher tests: cluster objects as the scheduler would leave
+them, a running publisher subprocess, and the real plugin as the event source.
+
+The lead may move the builders to a shared place later; they depend only on an
+admin kubernetes ApiClient.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from cni_plugin.wire import Event, PodRef, encode_frame, event_request, read_frame
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+DRIVER = "net.example.com"
+DEVICE_CLASS = "netclaim-publisher-test"
+MERGE = "application/merge-patch+json"
+
+
+def suffix() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ignore_exists(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+# ---------------------------------------------------------------- cluster objects
+
+
+@dataclass
+class Cluster:
+    """Objects in one test namespace, created as the scheduler/user would."""
+
+    api: Any
+    namespace: str
+    node: str = "node-a"
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api)
+        self.resource = client.ResourceV1Api(self.api)
+
+    def setup(self) -> "Cluster":
+        self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}})
+        _ignore_exists(self.core.create_node, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node}})
+        _ignore_exists(self.resource.create_device_class, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DEVICE_CLASS},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
+        return self
+
+    def teardown(self) -> None:
+        try:
+            self.core.delete_namespace(self.namespace)
+        except ApiException:
+            pass
+
+    def claim(self, name: str, requests: tuple[str, ...] = ("nic",)) -> dict[str, Any]:
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+                "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": DEVICE_CLASS}}
+                                                  for r in requests]}}}
+        return self.resource.create_namespaced_resource_claim(self.namespace, body).to_dict()
+
+    def pod(self, name: str, claims: list[str]) -> str:
+        """A pod bound to our node that references the claims by name; returns its UID."""
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"nodeName": self.node,
+                         "containers": [{"name": "c", "image": "local/pause:1",
+                                         "resources": {"claims": [{"name": f"c{i}"} for i in range(len(claims))]}}],
+                         "resourceClaims": [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]}}
+        return self.core.create_namespaced_pod(self.namespace, body).metadata.uid
+
+    def allocate(self, claim: str, devices: list[tuple[str, str]], pod: str | None = None, pod_uid: str = "",
+                 node: str | None = None, pool: str | None = None) -> None:
+        """Write status.allocation (+ reservedFor) as the scheduler would: devices = [(request, device)]."""
+        node = node or self.node
+        status: dict[str, Any] = {"allocation": {
+            "devices": {"results": [{"request": r, "driver": DRIVER, "pool": pool or node, "device": d}
+                                    for r, d in devices]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+        if pod:
+            status["reservedFor"] = [{"resource": "pods", "name": pod, "uid": pod_uid}]
+        self.resource.patch_namespaced_resource_claim_status(claim, self.namespace, {"status": status},
+                                                              _content_type=MERGE)
+
+    def pod_with_claim(self, name: str, devices: list[tuple[str, str]], claim: str | None = None) -> tuple[str, str]:
+        """Claim + pod + allocation in one go; returns (claim name, pod uid)."""
+        claim = claim or f"{name}-net"
+        self.claim(claim, tuple(dict.fromkeys(r for r, _ in devices)))
+        uid = self.pod(name, [claim])
+        self.allocate(claim, devices, name, uid)
+        return claim, uid
+
+    def claim_status(self, claim: str) -> dict[str, Any]:
+        obj = self.resource.read_namespaced_resource_claim(claim, self.namespace, _preload_content=False)
+        return json.loads(obj.data).get("status") or {}
+
+    def devices(self, claim: str) -> list[dict[str, Any]]:
+        return self.claim_status(claim).get("devices") or []
+
+    def wait_devices(self, claim: str, predicate: Any, timeout: float = 30.0) -> list[dict[str, Any]]:
+        deadline = time.time() + timeout
+        devices: list[dict[str, Any]] = []
+        while time.time() < deadline:
+            devices = self.devices(claim)
+            if predicate(devices):
+                return devices
+            time.sleep(0.1)
+        raise AssertionError(f"claim {self.namespace}/{claim} never matched; last devices: {devices}")
+
+
+# ---------------------------------------------------------------- the publisher process
+
+
+@dataclass
+class Publisher:
+    """`netclaim-publisher run` as a subprocess, with its own socket, state and spool dirs."""
+
+    kubeconfig: str
+    workdir: Path
+    node: str = "node-a"
+    extra: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    port: int = 0
+
+    @property
+    def socket(self) -> str:
+        return str(self.workdir / "run" / "publisher.sock")
+
+    @property
+    def spool(self) -> str:
+        return str(self.workdir / "spool")
+
+    @property
+    def state(self) -> str:
+        return str(self.workdir / "state")
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "publisher.log"
+
+    def start(self, wait: bool = True) -> "Publisher":
+        self.port = free_port()
+        cmd = [str(BIN / "netclaim-publisher"), "run", "--node-name", self.node, "--kubeconfig", self.kubeconfig,
+               "--socket", self.socket, "--state-dir", self.state, "--spool-dir", self.spool,
+               "--metrics-address", f"127.0.0.1:{self.port}", *self.extra]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc and self.proc.poll() is not None:
+                raise AssertionError(f"publisher exited {self.proc.returncode}:\n{self.logs()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as r:
+                    if r.status == 200 and os.path.exists(self.socket):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"publisher not ready after {timeout}s:\n{self.logs()[-3000:]}")
+
+    def logs(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.logs().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metrics(self) -> dict[str, float]:
+        """Sample name{labels} -> value from /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def metric(self, prefix: str) -> float:
+        return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
+
+    def status(self) -> dict[str, Any]:
+        return request(self.socket, {"kind": "status"})["status"]
+
+
+def request(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(encode_frame(message))
+        return read_frame(sock)
+
+
+def wire_event(op: str, container_id: str, pod: PodRef | None, result: dict | None = None, ifname: str = "eth0",
+               request_name: str = "nic", network: str = "testnet", **kw: Any) -> Event:
+    return Event(op=op, container_id=container_id, ifname=ifname, driver=DRIVER, network=network,
+                 request=request_name, pod=pod, result=result, cni_version="1.1.0", **kw)
+
+
+# ---------------------------------------------------------------- the real plugin
+
+
+def cni_result(ifname: str = "eth0", ipv4: str = "10.77.0.5/24", ipv6: str | None = "fd00:77::5/64",
+               mac: str = "0a:58:0a:4d:00:05") -> dict[str, Any]:
+    """A 1.1.0 result as bridge + host-local leave it (host side + sandbox side)."""
+    ips = [{"address": ipv4, "gateway": ipv4.split("/")[0].rsplit(".", 1)[0] + ".1", "interface": 2}]
+    if ipv6:
+        ips.append({"address": ipv6, "interface": 2})
+    return {"cniVersion": "1.1.0",
+            "interfaces": [{"name": "br-x", "mac": "aa:aa:aa:aa:aa:01"},
+                           {"name": "vethx", "mac": "aa:aa:aa:aa:aa:02"},
+                           {"name": ifname, "mac": mac, "mtu": 1500, "sandbox": "/var/run/netns/none"}],
+            "ips": ips, "routes": [], "dns": {}}
+
+
+@dataclass
+class Plugin:
+    """Runs the REAL netclaim binary exactly as a runtime does (env + stdin)."""
+
+    socket: str
+    spool: str
+    workdir: Path
+    request: str = "nic"
+    network: str = "testnet"
+
+    def conf(self, prev_result: dict | None, request_name: str | None = None) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "cniVersion": "1.1.0", "name": self.network, "type": "netclaim", "driverName": DRIVER,
+            "request": self.request if request_name is None else request_name,
+            "socketPath": self.socket, "spoolDir": self.spool,
+            "stateDir": str(self.workdir / "plugin-state"), "logFile": str(self.workdir / "plugin.log"),
+        }
+        if prev_result is not None:
+            conf["prevResult"] = prev_result
+        return conf
+
+    def run(self, command: str, container_id: str, pod: PodRef | None, prev_result: dict | None = None,
+            ifname: str = "eth0", netns: str = "", request_name: str | None = None,
+            conf: dict | None = None) -> subprocess.CompletedProcess:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command,
+               "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": ifname,
+               "CNI_PATH": "/usr/lib/cni"}
+        if pod is not None:
+            env["CNI_ARGS"] = (f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name};"
+                               f"K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={pod.uid}")
+        stdin = json.dumps(conf or self.conf(prev_result, request_name))
+        return subprocess.run([str(BIN / "netclaim")], input=stdin, env=env, capture_output=True, text=True,
+                              timeout=60)

@@ -1,0 +1,40 @@
+"""The journal's ordering and de-duplication rules (real SQLite files in a temp dir)."""
+
+from __future__ import annotations
+
+import time
+
+from cni_plugin.wire import PodRef
+from publisher.journal import Journal
+from publisher_testkit import cni_result, wire_event
+
+POD = PodRef("ns", "pod", "uid")
+
+
+def test_events_of_one_attachment_wait_for_an_older_one_backing_off(workdir):
+    j = Journal(str(workdir / "state"))
+    add = wire_event("ADD", "c1", POD, cni_result())
+    dele = wire_event("DEL", "c1", POD)
+    other = wire_event("ADD", "c2", POD, cni_result())
+    assert j.append_many([add, dele, other]) == [True, True, True]
+    ready = j.ready(0, 1, time.time())
+    assert [p.event.event_id for p in ready] == [add.event_id, other.event_id]  # DEL waits behind its ADD
+    j.reschedule(ready[0].seq, time.time() + 60, "pod not visible")
+    ready = j.ready(0, 1, time.time())
+    assert [p.event.event_id for p in ready] == [other.event_id]  # the DEL still waits
+    j.finish(ready[0].seq)
+    assert j.depth() == 2
+    j.close()
+
+
+def test_duplicates_are_dropped_and_state_survives_reopen(workdir):
+    j = Journal(str(workdir / "state"))
+    ev = wire_event("ADD", "c1", POD, cni_result())
+    assert j.append(ev) is True
+    assert j.append(ev) is False
+    j.set_applied("ns/claim", "abc")
+    j.close()
+    j = Journal(str(workdir / "state"))
+    assert j.depth() == 1 and j.applied_hashes() == {"ns/claim": "abc"}
+    assert j.append(ev) is False
+    j.close()
