@@ -23,6 +23,7 @@ from . import logs
 from .metrics import Metrics
 
 CONN_TIMEOUT = 10.0
+DRAIN_TIMEOUT = 1.0  # how long a refused peer may keep sending before we close
 MAX_CONNECTIONS = 64
 _UCRED = struct.Struct("3i")
 
@@ -141,6 +142,27 @@ class SocketServer:
         except OSError:
             pass
 
+    def _reply_and_close(self, conn: socket.socket, message: dict[str, Any]) -> None:
+        """Send a final error reply so that the peer can actually read it.
+
+        Closing a unix socket that still has unread input resets the peer's
+        pending send, so a refused or misbehaving client would see EPIPE instead
+        of the reason. Half-close our side, then discard what the peer still
+        sends, bounded in bytes and time, before the caller closes.
+        """
+        self._reply(conn, message)
+        try:
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(DRAIN_TIMEOUT)
+            budget = 2 * self.max_frame
+            while budget > 0:
+                chunk = conn.recv(min(budget, 65536))
+                if not chunk:
+                    break
+                budget -= len(chunk)
+        except OSError:
+            pass
+
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(CONN_TIMEOUT)
@@ -148,7 +170,7 @@ class SocketServer:
             if not self._allowed(uid, gid):
                 self.metrics.peers_refused.inc()
                 self.log.warning("peer refused", extra={"peer_pid": pid, "peer_uid": uid, "peer_gid": gid})
-                self._reply(conn, {"ok": False, "error": f"peer uid {uid} gid {gid} is not allowed"})
+                self._reply_and_close(conn, {"ok": False, "error": f"peer uid {uid} gid {gid} is not allowed"})
                 return
             while not self._stopping.is_set():
                 try:
@@ -158,7 +180,7 @@ class SocketServer:
                 except WireError as exc:
                     self.metrics.events_rejected.labels("bad_frame").inc()
                     self.log.warning("bad frame, closing connection", extra={"peer_pid": pid, "error": str(exc)})
-                    self._reply(conn, {"ok": False, "error": str(exc)})
+                    self._reply_and_close(conn, {"ok": False, "error": str(exc)})
                     return
                 except (socket.timeout, OSError):
                     return

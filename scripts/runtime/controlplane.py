@@ -18,6 +18,7 @@ class ControlPlaneHandle:
     server: str
     started_here: bool
     env: dict[str, str]
+    ca_file: str = ""
 
     def down(self) -> None:
         """Stop it only when we started it: a developer's running control plane stays."""
@@ -42,7 +43,10 @@ def up() -> ControlPlaneHandle:
         if line.startswith("export "):
             key, _, value = line[len("export "):].partition("=")
             values[key] = shlex.split(value)[0] if value else ""
-    return ControlPlaneHandle(values["KUBECONFIG"], values.get("NETCLAIM_APISERVER", ""), not already, env)
+    return ControlPlaneHandle(
+        values["KUBECONFIG"], values.get("NETCLAIM_APISERVER", ""), not already, env,
+        ca_file=values.get("NETCLAIM_APISERVER_CA", ""),
+    )
 
 
 def api_client(kubeconfig: str):

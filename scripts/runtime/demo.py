@@ -103,6 +103,7 @@ def _print_keep_help(stack: Stack, sandbox) -> None:
         f"  nsenter --net={sandbox.netns} ip addr     # the pod's interfaces\n"
         f"  ctr --address {h.paths.socket} -n k8s.io containers ls\n"
         f"  KUBECONFIG={stack.cp.kubeconfig}  (admin kubeconfig of the local API server)\n"
+        f"  {stack.publisher_kubeconfig}  (the publisher's: Node-bound token of netclaim-system/netclaim-publisher)\n"
         f"  logs: {stack.publisher.log_file} (publisher), {stack.install.log_file} (plugin), {h.paths.log} (containerd)\n"
         "To clean up:\n"
         "  scripts/demo.sh cleanup"

@@ -22,6 +22,7 @@ from .cni_conf import NetclaimInstall, delete_bridge
 from .controlplane import ControlPlaneHandle, api_client
 from .controlplane import up as control_plane_up
 from .harness import Harness
+from .identity import publisher_kubeconfig
 from .jsonlog import log
 from .publisher import PublisherProcess
 
@@ -41,6 +42,7 @@ class Stack:
     plain_conflist: Path | None = None
     netclaim_conflist: Path | None = None
     socket_dir: Path | None = None
+    publisher_kubeconfig: str = ""
     _api: object = field(default=None, repr=False)
 
     def up(self) -> None:
@@ -79,10 +81,19 @@ class Stack:
         self.progress(f"creating Node {self.cluster.node} and namespace {self.cluster.namespace}")
         self.cluster.setup()
 
-        self.progress("starting netclaim-publisher for the node")
+        self.progress(
+            "applying the shipped RBAC (conf/kubernetes) and minting a Node-bound token for "
+            "serviceaccount netclaim-system/netclaim-publisher"
+        )
+        self.publisher_kubeconfig = publisher_kubeconfig(
+            self._api, server=self.cp.server, ca_file=self.cp.ca_file, node=self.cluster.node,
+            driver=self.driver, path=netclaim_dir / "publisher.kubeconfig",
+        )
+
+        self.progress("starting netclaim-publisher for the node (least-privilege node identity, not admin)")
         self.publisher = PublisherProcess(
             node_name=self.cluster.node,
-            kubeconfig=self.cp.kubeconfig,
+            kubeconfig=self.publisher_kubeconfig,
             socket=self.install.socket,
             state_dir=self.install.state_dir,
             spool_dir=self.install.spool_dir,

@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from runtime.cni_conf import NetclaimInstall  # noqa: E402
 from runtime.harness import Harness, ensure_packages  # noqa: E402
+from runtime.identity import publisher_kubeconfig  # noqa: E402
 from runtime.publisher import PublisherProcess  # noqa: E402
 
 from runtime.cluster import Cluster  # noqa: E402
@@ -94,10 +95,22 @@ def cluster(control_plane, api_client) -> Iterator[Cluster]:
 
 @pytest.fixture
 def publisher(control_plane, cluster: Cluster, node_dirs: NetclaimInstall, tmp_path: Path) -> Iterator[PublisherProcess]:
-    """The real netclaim-publisher for this test's node, socket and spool."""
+    """The real netclaim-publisher for this test's node, socket and spool.
+
+    It runs with the least-privilege identity the project ships, not admin: the
+    shipped RBAC (conf/kubernetes) applied, and a token of serviceaccount
+    netclaim-system/netclaim-publisher bound to this test's Node.
+    """
+    try:
+        kubeconfig = publisher_kubeconfig(
+            cluster.api, server=control_plane.server, ca_file=control_plane.ca_file, node=cluster.node,
+            driver=DRIVER, path=tmp_path / "publisher.kubeconfig",
+        )
+    except Exception as exc:
+        pytest.fail(f"the publisher's node identity could not be made: {exc}", pytrace=False)
     proc = PublisherProcess(
         node_name=cluster.node,
-        kubeconfig=control_plane.kubeconfig,
+        kubeconfig=kubeconfig,
         socket=node_dirs.socket,
         state_dir=node_dirs.state_dir,
         spool_dir=node_dirs.spool_dir,

@@ -16,6 +16,7 @@ import pytest
 from runtime.cri import PodMeta, SandboxInfo
 
 from runtime.cluster import PodRecord, ready
+from runtime.identity import kubeconfig_token, token_review
 
 pytestmark = [pytest.mark.containerd, pytest.mark.controlplane]
 
@@ -69,7 +70,13 @@ def explains_claim(record: dict) -> bool:
     return "claim" in text.lower()
 
 
-def test_run_pod_sandbox_publishes_what_the_pod_netns_shows(harness, netclaim_chain, cluster, publisher):
+def test_run_pod_sandbox_publishes_what_the_pod_netns_shows(harness, netclaim_chain, cluster, publisher, control_plane):
+    # The publisher runs as the shipped least-privilege identity, bound to this node - not admin.
+    assert publisher.kubeconfig != control_plane.kubeconfig
+    who = token_review(cluster.api, kubeconfig_token(publisher.kubeconfig))
+    assert who["username"] == "system:serviceaccount:netclaim-system:netclaim-publisher"
+    assert "system:masters" not in who["groups"]
+    assert who["extra"].get("authentication.kubernetes.io/node-name") == [cluster.node]
     pod = cluster.pod_with_claim("web")
     sandbox = run_sandbox(harness, pod)
     try:
