@@ -9,9 +9,10 @@ projected token volume).
 
 from __future__ import annotations
 
-import base64
 import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -19,21 +20,14 @@ from kubernetes.client.exceptions import ApiException
 
 from deploylib import CONF, DRIVER, load_yaml_docs
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from runtime.identity import ensure_node, jwt_claims, token_review  # noqa: E402,F401  (one copy, shared with the demo)
+
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 OTHER_DRIVER = "other.example.com"
 
 
-def ensure_node(api: client.ApiClient, name: str) -> dict[str, Any]:
-    """The Node object (created when absent; other tests may share node-a/node-b)."""
-    core = client.CoreV1Api(api)
-    try:
-        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    node = core.read_node(name)
-    return {"name": node.metadata.name, "uid": node.metadata.uid}
 
 
 def create_namespace(api: client.ApiClient, name: str) -> None:
@@ -157,20 +151,8 @@ def token_request(api: client.ApiClient, namespace: str, service_account: str, b
     return resp.status.token
 
 
-def jwt_claims(token: str) -> dict[str, Any]:
-    payload = token.split(".")[1]
-    payload += "=" * (-len(payload) % 4)
-    return json.loads(base64.urlsafe_b64decode(payload))
 
 
-def token_review(api: client.ApiClient, token: str) -> dict[str, Any]:
-    """How the API server itself authenticates the token (user, groups, extra)."""
-    review = client.AuthenticationV1Api(api).create_token_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
-    )
-    assert review.status.authenticated, review.status.error
-    user = review.status.user
-    return {"username": user.username, "groups": user.groups, "extra": user.extra or {}}
 
 
 def device_entry(claim: Claim, result: dict[str, str], ip: str = "10.88.0.5/16") -> dict[str, Any]:
