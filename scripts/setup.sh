@@ -11,6 +11,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 APT_PACKAGES=(
     iproute2                      # ip netns / veth for tests and the demo
     containernetworking-plugins   # the real reference CNI plugins (bridge, host-local, tuning, ...)
+    iptables                      # ipMasq of bridge/ptp and portmap in the example chains
     containerd runc               # the real container runtime for e2e tests and the demo
     gcc libc6-dev                 # static pause binary for the local sandbox image
     time                          # peak-memory figures of the Go builds
