@@ -69,10 +69,14 @@ def main() -> None:
 @click.option("--retry-max-delay", envvar="NETCLAIM_RETRY_MAX_DELAY", show_envvar=True, default=5.0,
               show_default=True, type=float, help="Cap of the backoff between retries of a failed apply (429/5xx/"
                                                   "no connection).")
+@click.option("--emit-events/--no-emit-events", envvar="NETCLAIM_EMIT_EVENTS", show_envvar=True, default=True,
+              show_default=True,
+              help="Post a Warning Event (events.k8s.io/v1) on the claim, or the pod, when an attachment cannot "
+                   "be published (apply refused, unresolvable); at most one per object and reason per 10 min.")
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
         metrics_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, resync_interval: float,
-        retry_max_delay: float) -> None:
+        retry_max_delay: float, emit_events: bool) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
     from . import logs
     from .kube import Kube, load_client
@@ -86,7 +90,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     kube = Kube(load_client(kubeconfig, pool_size=workers + 4), metrics.record_api)
     settings = Settings(node_name=node_name, state_dir=state_dir, spool_dir=spool_dir, workers=workers,
                         resolve_timeout=resolve_timeout, resync_interval=resync_interval,
-                        retry_cap=retry_max_delay)
+                        retry_cap=retry_max_delay, emit_events=emit_events)
     service = Service(settings, kube, metrics)
     server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
     health = HealthServer(metrics_address, metrics, service.ready) if metrics_address else None
@@ -104,6 +108,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     service.start()
     log.info("publisher started", extra={"node": node_name, "socket": socket_path, "state_dir": state_dir,
                                          "spool_dir": spool_dir, "metrics": metrics_address,
+                                         "emit_events": emit_events,
                                          "journal_depth": service.journal.depth()})
     done.wait()
     server.stop()

@@ -15,6 +15,9 @@ from typing import Any, Callable
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 REQUEST_TIMEOUT = (5.0, 20.0)
+# Events are a courtesy to kubectl users: a slow API must not hold the event
+# thread (and its queue) for the 20 s a status apply may take.
+EVENT_TIMEOUT = (2.0, 5.0)
 
 
 class ApiError(Exception):
@@ -137,6 +140,11 @@ class Kube:
             query=[("fieldManager", field_manager), ("force", "false")], body=body,
             content_type=APPLY_CONTENT_TYPE)
         resp.read()  # the answer is the whole claim; nothing in it is needed
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        """POST one events.k8s.io/v1 Event; the answer (the stored Event) is not needed."""
+        self._request("event", "POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+                      body=event, timeout=EVENT_TIMEOUT).read()
 
     def list_pods_on_node(self, node: str, limit: int = 200, cont: str = "") -> dict[str, Any]:
         """One page of the pods bound to `node` (pages keep the memory peak of a relist small)."""

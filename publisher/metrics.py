@@ -36,6 +36,9 @@ class Metrics:
         self.apply_skips = Counter("netclaim_apply_skips", "Applies skipped because the body equals the last applied one", registry=r)
         self.apply_errors = Counter("netclaim_apply_errors", "Permanent apply errors", ["code"], registry=r)
         self.resyncs = Counter("netclaim_resyncs", "Resync passes", registry=r)
+        self.k8s_events = Counter(
+            "netclaim_k8s_events", "Warning Events about permanent failures, by outcome "
+            "(created, failed, deduplicated, dropped, disabled)", ["result"], registry=r)
 
     def record_api(self, verb: str, code: str) -> None:
         self.api_requests.labels(verb, code).inc()

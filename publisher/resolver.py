@@ -24,7 +24,19 @@ class NotYet(Exception):
 
 
 class Unresolvable(Exception):
-    """Will never resolve (pod UID differs, claim allocated to another node, ambiguity)."""
+    """Will never resolve (pod UID differs, claim allocated to another node, ambiguity).
+
+    `reason` (CamelCase) and the claim, when one is to blame, travel with the
+    error so the Warning Event can name them without parsing the message.
+    """
+
+    def __init__(self, message: str, reason: str = "Unresolvable", claim_namespace: str = "",
+                 claim_name: str = "", claim_uid: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.claim_namespace = claim_namespace
+        self.claim_name = claim_name
+        self.claim_uid = claim_uid
 
 
 @dataclass(frozen=True)
@@ -126,7 +138,7 @@ def choose_device(
             how = "the only unbound device"
     if len(chosen) > 1:
         names = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in chosen)
-        raise Unresolvable(f"ambiguous device by {how}: {names}")
+        raise Unresolvable(f"ambiguous device by {how}: {names}", "AmbiguousDevice")
     return chosen[0] if chosen else None
 
 
@@ -167,7 +179,8 @@ class Resolver:
             if target is not None:
                 found.append(target)
         if len(found) > 1:
-            raise Unresolvable("ambiguous: devices in several claims fit: " + ", ".join(t.claim_key for t in found))
+            raise Unresolvable("ambiguous: devices in several claims fit: " + ", ".join(t.claim_key for t in found),
+                               "AmbiguousDevice")
         if found:
             return found[0]
         if waiting:
@@ -192,17 +205,22 @@ class Resolver:
         if pod_uid not in reserved:
             waiting.append(f"claim {namespace}/{name} is not reserved for the pod")
             return None
+        claim_uid = (claim.get("metadata") or {}).get("uid", "")
         node = allocated_node(claim)
         if node != self.node_name:
-            raise Unresolvable(f"claim {namespace}/{name} is allocated to node {node!r}, this is {self.node_name!r}")
+            raise Unresolvable(f"claim {namespace}/{name} is allocated to node {node!r}, this is {self.node_name!r}",
+                               "AllocatedToOtherNode", namespace, name, claim_uid)
         key = f"{namespace}/{name}"
-        result = choose_device(claim, event, bound_for_claim(key))
+        try:
+            result = choose_device(claim, event, bound_for_claim(key))
+        except Unresolvable as exc:
+            raise Unresolvable(f"claim {key}: {exc}", exc.reason, namespace, name, claim_uid) from None
         if result is None:
             return None
         return Target(
             claim_namespace=namespace,
             claim_name=name,
-            claim_uid=(claim.get("metadata") or {}).get("uid", ""),
+            claim_uid=claim_uid,
             driver=event.driver,
             pool=result.get("pool", ""),
             device=result.get("device", ""),

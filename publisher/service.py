@@ -19,6 +19,7 @@ from typing import Any
 from cni_plugin.wire import Event
 
 from . import logs
+from .events import EventRecorder, ObjectRef, claim_ref, pod_ref
 from .journal import Attachment, Journal, Pending
 from .kube import Kube, NotFound, PermanentError, TransientError
 from .limits import InvalidEntry
@@ -43,6 +44,7 @@ class Settings:
     spool_interval: float = 5.0
     retry_base: float = 0.2
     retry_cap: float = 5.0
+    emit_events: bool = True
 
 
 @dataclass
@@ -72,6 +74,8 @@ class Service:
         self.writer = Writer(kube, settings.node_name, self.stopping, metrics.apply_skips.inc,
                              settings.retry_base, settings.retry_cap,
                              applied=self.journal.applied_hashes(), remember=self.journal.set_applied)
+        self.events = EventRecorder(kube, settings.node_name, lambda result: metrics.k8s_events.labels(result).inc(),
+                                    enabled=settings.emit_events)
         self._wake = [threading.Event() for _ in range(settings.workers)]
         self._threads: list[threading.Thread] = []
         self._claims: dict[str, ClaimState] = {}
@@ -118,6 +122,7 @@ class Service:
 
     def start(self) -> None:
         self.ingest_spool()
+        self.events.start()
         self.pods.start()
         for shard in range(self.settings.workers):
             t = threading.Thread(target=self._worker, args=(shard,), name=f"worker-{shard}", daemon=True)
@@ -134,6 +139,7 @@ class Service:
             w.set()
         for t in self._threads:
             t.join(timeout)
+        self.events.stop()
         self.journal.close()
 
     # ------------------------------------------------------------ workers
@@ -189,17 +195,35 @@ class Service:
         elif op == "GC":
             self._handle_gc(p)
 
-    def _fail(self, p: Pending, error: str, reason: str, claim: str = "") -> None:
+    def _fail(self, p: Pending, error: str, reason: str, claim: str = "", event_reason: str = "",
+              claim_uid: str = "") -> None:
+        """Give up on an event: journal, count, log, and (with `event_reason`) tell kubectl users."""
         self.journal.finish(p.seq, "failed", error)
         self.metrics.events_failed.labels(reason).inc()
         self.last_error = {"time": time.time(), "error": error, "containerID": p.event.container_id,
                            "claim": claim, "op": p.event.op}
         self.log.error("event dropped", extra={"reason": reason, "error": error, **self._fields(p.event, claim)})
+        if event_reason:
+            self._warn(p.event, event_reason, error, claim, claim_uid)
+
+    def _warn(self, ev: Event, reason: str, error: str, claim: str = "", claim_uid: str = "") -> None:
+        """One Warning Event about the claim (the pod related), or about the pod when no claim is known."""
+        pod = pod_ref(ev.pod.namespace, ev.pod.name, ev.pod.uid) if ev.pod and ev.pod.name else None
+        regarding: ObjectRef | None = pod
+        related = None
+        if claim:
+            ns, _, name = claim.partition("/")
+            regarding, related = claim_ref(ns, name, claim_uid), pod
+        if regarding is None or not regarding.namespace:
+            return  # nothing namespaced to attach it to (no pod identity): the log line must do
+        where = f"pod {pod.namespace}/{pod.name}" if pod else "attachment"
+        note = f"{where} interface {ev.ifname} (containerID {ev.container_id[:12]}): {error}"
+        self.events.warn(regarding, reason, note, related, self._fields(ev, claim))
 
     def _retry_later(self, p: Pending, error: str, transient: bool) -> None:
         age = time.time() - p.received
         if not transient and age > self.settings.resolve_timeout:
-            self._fail(p, f"unresolved after {age:.0f}s: {error}", "unresolved")
+            self._fail(p, f"unresolved after {age:.0f}s: {error}", "unresolved", event_reason="Unresolvable")
             return
         delay = backoff_delay(p.attempts, 0.25, self.settings.retry_cap if transient else 10.0)
         self.journal.reschedule(p.seq, time.time() + delay, error)
@@ -230,8 +254,11 @@ class Service:
             self._retry_later(p, str(exc), transient=False)
         except TransientError as exc:
             self._retry_later(p, f"API unavailable: {exc}", transient=True)
-        except (Unresolvable, PermanentError) as exc:
-            self._fail(p, str(exc), "unresolvable")
+        except Unresolvable as exc:
+            claim = f"{exc.claim_namespace}/{exc.claim_name}" if exc.claim_name else ""
+            self._fail(p, str(exc), "unresolvable", claim, exc.reason, exc.claim_uid)
+        except PermanentError as exc:
+            self._fail(p, str(exc), "unresolvable", event_reason="Unresolvable")
         return None
 
     def _handle_add(self, p: Pending, previous: Attachment | None = None) -> None:
@@ -257,7 +284,7 @@ class Service:
                 if not same_pod:
                     self._fail(p, f"device {target.pool}/{target.device} is already published for pod "
                                   f"{att.pod_namespace}/{att.pod_name} (containerID {att.container_id})",
-                               "device_taken", target.claim_key)
+                               "device_taken", target.claim_key, "DeviceTaken", target.claim_uid)
                     return
                 if att.event_ts > ev.timestamp:
                     self.log.info("stale ADD ignored: a newer sandbox of the pod holds the device",
@@ -271,7 +298,8 @@ class Service:
             try:
                 entry = map_event(ev, target.pool, target.device, prev_entry, target.share_id)
             except InvalidEntry as exc:
-                self._fail(p, f"entry rejected locally: {exc}", "invalid_entry", target.claim_key)
+                self._fail(p, f"entry rejected locally: {exc}", "invalid_entry", target.claim_key, "InvalidEntry",
+                           target.claim_uid)
                 return
             pod = ev.pod
             att = Attachment(
@@ -307,7 +335,8 @@ class Service:
             try:
                 entry = map_event(ev, current.pool, current.device, current.entry, current.share_id)
             except InvalidEntry as exc:
-                self._fail(p, f"entry rejected locally: {exc}", "invalid_entry", current.claim_key)
+                self._fail(p, f"entry rejected locally: {exc}", "invalid_entry", current.claim_key, "InvalidEntry",
+                           current.claim_uid)
                 return
             current.entry = entry
             if ev.result:
@@ -353,7 +382,8 @@ class Service:
         except PermanentError as exc:
             self.metrics.apply_errors.labels(str(exc.code)).inc()
             self._claim_state(key, "error", f"{exc.code}: {exc.message}", [])
-            self._fail(p, f"apply rejected ({exc.code}): {exc.message}", f"api_{exc.code}", key)
+            self._fail(p, f"apply rejected ({exc.code}): {exc.message}", f"api_{exc.code}", key, "ApplyRejected",
+                       _claim_uid(desired))
             if remove and not upsert:
                 self.journal.forget(list(remove))
             return
@@ -398,6 +428,9 @@ class Service:
                 self.metrics.apply_errors.labels(str(exc.code)).inc()
                 self._claim_state(key, "error", f"{exc.code}: {exc.message}", [])
                 self.log.error("apply rejected", extra={"claim": key, "code": exc.code, "error": exc.message})
+                self.events.warn(claim_ref(ns, name, _claim_uid(desired)), "ApplyRejected",
+                                 f"re-apply of this node's entries rejected ({exc.code}): {exc.message}",
+                                 fields={"claim": key})
                 if remove:
                     self.journal.forget(list(remove))
                 return
@@ -507,6 +540,11 @@ class Service:
             "failed_events": self.journal.failed(),
             "claims": claims,
         }
+
+
+def _claim_uid(attachments: list[Attachment]) -> str:
+    """The claim's uid as recorded when its attachments were resolved ('' if none recorded it)."""
+    return next((a.claim_uid for a in attachments if a.claim_uid), "")
 
 
 def _contains(server: dict[str, Any] | None, desired: dict[str, Any]) -> bool:

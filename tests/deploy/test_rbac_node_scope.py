@@ -256,6 +256,16 @@ def test_real_publisher_logs_and_counts_the_refusal_and_keeps_serving(cluster: C
         refusal = [line for line in lines if "resourceclaims/driver" in json.dumps(line)]
         assert refusal, log_path.read_text()
         assert "claim-a" in json.dumps(refusal[0])
+        # The pod-bound token may also tell kubectl users: one Warning Event on the claim.
+        created = wait_for(lambda: metric(port, "netclaim_k8s_events_total", 'result="created"'),
+                           "the Warning Event to be created")
+        assert created == 1, log_path.read_text()
+        assert metric(port, "netclaim_k8s_events_total", 'result="failed"') == 0
+        events = client.EventsV1Api(admin).list_namespaced_event(cluster.namespace).items
+        [warning] = [e for e in events if e.reporting_controller == "netclaim.dev/publisher"]
+        assert (warning.type, warning.reason, warning.regarding.kind, warning.regarding.name) == (
+            "Warning", "ApplyRejected", "ResourceClaim", "claim-a")
+        assert "resourceclaims/driver" in warning.note and warning.related.name == "web-a"
 
         # 2. It keeps serving: a later event for its own driver is published.
         reply = send(str(sock), publisher_event(web_a, DRIVER, "nic", "c0ffee02", "eth0", "10.88.77.7/16"))

@@ -123,6 +123,21 @@ class Cluster:
     def devices(self, claim: str) -> list[dict[str, Any]]:
         return self.claim_status(claim).get("devices") or []
 
+    def warnings(self, controller: str = "netclaim.dev/publisher") -> list[dict[str, Any]]:
+        """events.k8s.io/v1 Events of the namespace that `controller` reported, as JSON dicts."""
+        resp = client.EventsV1Api(self.api).list_namespaced_event(self.namespace, _preload_content=False)
+        return [e for e in json.loads(resp.data)["items"] if e.get("reportingController") == controller]
+
+    def wait_warnings(self, predicate: Any, timeout: float = 20.0) -> list[dict[str, Any]]:
+        deadline = time.time() + timeout
+        events: list[dict[str, Any]] = []
+        while time.time() < deadline:
+            events = self.warnings()
+            if predicate(events):
+                return events
+            time.sleep(0.1)
+        raise AssertionError(f"events in {self.namespace} never matched; last: {events}")
+
     def wait_devices(self, claim: str, predicate: Any, timeout: float = 30.0) -> list[dict[str, Any]]:
         deadline = time.time() + timeout
         devices: list[dict[str, Any]] = []
@@ -299,3 +314,37 @@ class Plugin:
         stdin = json.dumps(conf or self.conf(prev_result, request_name))
         return subprocess.run([str(BIN / "netclaim")], input=stdin, env=env, capture_output=True, text=True,
                               timeout=60)
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def add(plugin: Plugin, cid: str, pod: PodRef, **kw: Any) -> None:
+    """The real plugin's ADD, with a prevResult that already carries the MAC (no netns needed)."""
+    out = plugin.run("ADD", cid, pod, kw.pop("prev", None) or cni_result(**kw.pop("res", {})),
+                     netns="/var/run/netns/none", **kw)
+    assert out.returncode == 0, f"plugin ADD failed: {out.stdout} {out.stderr}"
+
+
+def drained(publisher: Publisher, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = publisher.status()
+        if st["journal_depth"] == 0:
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"journal not drained: {publisher.status()}")
+
+
+def reallocate_elsewhere(cluster: Cluster, claim: str, pod: str, uid: str, device: str = "nic9") -> None:
+    """Deallocate and allocate again with another device (as after a reschedule): the
+    publisher's recorded entry still names the old device, which the API now refuses (422)."""
+    cluster.resource.patch_namespaced_resource_claim_status(
+        claim, cluster.namespace, {"status": {"reservedFor": None, "allocation": None}}, _content_type=MERGE)
+    cluster.allocate(claim, [("nic", device)], pod, uid)
+
+
+def send_check(publisher: Publisher, cid: str, pod: PodRef, check_error: str = "mtu differs") -> None:
+    """A CHECK that found drift: it re-applies the attachment's entry."""
+    ev = wire_event("CHECK", cid, pod, cni_result(), check_error=check_error)
+    assert request(publisher.socket, event_request(ev))["ok"] is True

@@ -12,15 +12,10 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef, event_request
-from publisher_testkit import DRIVER, Cluster, Plugin, cni_result, request, suffix, wire_event
+from publisher_testkit import (DRIVER, Cluster, Plugin, add, cni_result, drained, reallocate_elsewhere, request,
+                               send_check, suffix, wire_event)
 
 pytestmark = pytest.mark.controlplane
-
-
-def add(plugin: Plugin, cid: str, pod: PodRef, **kw) -> None:
-    out = plugin.run("ADD", cid, pod, kw.pop("prev", None) or cni_result(**kw.pop("res", {})),
-                     netns="/var/run/netns/none", **kw)
-    assert out.returncode == 0, f"plugin ADD failed: {out.stdout} {out.stderr}"
 
 
 def delete(plugin: Plugin, cid: str, pod: PodRef, **kw) -> None:
@@ -30,16 +25,6 @@ def delete(plugin: Plugin, cid: str, pod: PodRef, **kw) -> None:
 
 def ours(devices: list[dict]) -> list[dict]:
     return [d for d in devices if d["driver"] == DRIVER]
-
-
-def drained(publisher, timeout: float = 30.0) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        st = publisher.status()
-        if st["journal_depth"] == 0:
-            return st
-        time.sleep(0.1)
-    raise AssertionError(f"journal not drained: {publisher.status()}")
 
 
 def test_add_publishes_canonical_ips_mac_and_ready(cluster: Cluster, publisher, plugin):
@@ -54,7 +39,10 @@ def test_add_publishes_canonical_ips_mac_and_ready(cluster: Cluster, publisher, 
     ready = d["conditions"][0]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "NetworkConfigured")
     assert d["data"]["network"] == "testnet"
-    published = [e for e in publisher.log_events() if e.get("event") == "published"]
+    deadline = time.time() + 10  # the log line follows the apply (and the journal commit) by a moment
+    while not (published := [e for e in publisher.log_events() if e.get("event") == "published"]) \
+            and time.time() < deadline:
+        time.sleep(0.05)
     assert published and published[0]["claim"] == f"{cluster.namespace}/{claim}"
     assert published[0]["pod"] == f"{cluster.namespace}/web" and published[0]["containerID"].startswith("c")
 
@@ -159,6 +147,10 @@ def test_unresolvable_event_is_reported_after_the_timeout(cluster: Cluster, publ
     st = drained(publisher, timeout=30)
     assert st["failed_events"] and "not visible" in st["failed_events"][0]["error"]
     assert publisher.metric('netclaim_events_failed_total{reason="unresolved"}') == 1
+    [warning] = cluster.wait_warnings(lambda e: len(e) == 1)
+    assert warning["reason"] == "Unresolvable" and "not visible" in warning["note"]
+    assert warning["regarding"] == {"apiVersion": "v1", "kind": "Pod", "namespace": cluster.namespace,
+                                    "name": "never-created", "uid": "uid-x"}
 
 
 def test_claim_allocated_to_another_node_is_not_written(cluster: Cluster, publisher, plugin):
@@ -170,6 +162,10 @@ def test_claim_allocated_to_another_node_is_not_written(cluster: Cluster, publis
     st = drained(publisher)
     assert "node-b" in st["failed_events"][0]["error"]
     assert cluster.devices(claim) == []
+    [warning] = cluster.wait_warnings(lambda e: len(e) == 1)
+    assert warning["reason"] == "AllocatedToOtherNode" and "node-b" in warning["note"]
+    assert (warning["regarding"]["kind"], warning["regarding"]["name"]) == ("ResourceClaim", claim)
+    assert warning["related"]["name"] == "elsewhere" and warning["related"]["uid"] == uid
 
 
 def test_422_is_reported_and_not_retried_forever(cluster: Cluster, publisher, plugin):
@@ -177,14 +173,8 @@ def test_422_is_reported_and_not_retried_forever(cluster: Cluster, publisher, pl
     pod, cid = PodRef(cluster.namespace, "web", uid), "c" + suffix()
     add(plugin, cid, pod)
     cluster.wait_devices(claim, lambda d: len(d) == 1)
-    # The claim is deallocated and allocated again with another device (as after a
-    # reschedule); our recorded attachment still names nic0, which the API now refuses.
-    cluster.resource.patch_namespaced_resource_claim_status(
-        claim, cluster.namespace, {"status": {"reservedFor": None, "allocation": None}},
-        _content_type="application/merge-patch+json")
-    cluster.allocate(claim, [("nic", "nic9")], "web", uid)
-    ev = wire_event("CHECK", cid, pod, cni_result(), check_error="mtu differs")
-    assert request(publisher.socket, event_request(ev))["ok"] is True
+    reallocate_elsewhere(cluster, claim, "web", uid)
+    send_check(publisher, cid, pod)
     st = drained(publisher)
     key = f"{cluster.namespace}/{claim}"
     assert st["claims"][key]["state"] == "error"
@@ -195,6 +185,19 @@ def test_422_is_reported_and_not_retried_forever(cluster: Cluster, publisher, pl
     time.sleep(3)
     assert publisher.metric('netclaim_api_requests_total{code="422",verb="apply"}') == applies
     assert publisher.metric('netclaim_apply_errors_total{code="422"}') == 1
+    # ... and it is where `kubectl describe resourceclaim` looks: one Warning Event.
+    api_message = st["claims"][key]["error"].split(": ", 1)[1]
+    [warning] = cluster.wait_warnings(lambda e: len(e) >= 1)
+    assert (warning["type"], warning["reason"], warning["action"]) == ("Warning", "ApplyRejected",
+                                                                       "PublishDeviceStatus")
+    assert warning["regarding"]["kind"] == "ResourceClaim" and warning["regarding"]["name"] == claim
+    assert warning["regarding"]["uid"] == cluster.resource.read_namespaced_resource_claim(
+        claim, cluster.namespace).metadata.uid
+    assert warning["related"] == {"apiVersion": "v1", "kind": "Pod", "namespace": cluster.namespace,
+                                  "name": "web", "uid": uid}
+    assert api_message in warning["note"] and "(422)" in warning["note"] and cid[:12] in warning["note"]
+    assert warning["reportingInstance"] == "netclaim/node-a"
+    assert publisher.metric('netclaim_k8s_events_total{result="created"}') == 1
 
 
 def test_resync_repairs_a_wiped_status(cluster: Cluster, publisher_factory, workdir):

@@ -1,0 +1,114 @@
+"""`netclaim-publisher status`, the operator's first look at a node, run as the real CLI.
+
+The command is what a person types on a node when a pod's claim has no
+network data, so it is tested end to end: the installed entry point, talking
+over the publisher's socket, after a published ADD (plus one event still
+waiting for its claim to be allocated) and after a 422 refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from cni_plugin.wire import PodRef
+from publisher_testkit import BIN, Cluster, add, reallocate_elsewhere, send_check, suffix
+
+pytestmark = pytest.mark.controlplane
+
+
+def cli(socket_path: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "netclaim-publisher"), "status", "--socket", socket_path, *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def cli_json(socket_path: str) -> dict[str, Any]:
+    out = cli(socket_path, "-o", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def cli_text(socket_path: str) -> str:
+    out = cli(socket_path)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def wait_status(publisher, predicate: Any, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.time() + timeout
+    st: dict[str, Any] = {}
+    while time.time() < deadline:
+        st = publisher.status()
+        if predicate(st):
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"status never matched: {st}")
+
+
+def line(text: str, label: str) -> str:
+    """The value of `label:` in the human output."""
+    m = re.search(rf"^{re.escape(label)}:\s+(.*)$", text, re.M)
+    assert m, f"no {label!r} line in:\n{text}"
+    return m.group(1)
+
+
+def test_status_cli_after_publish_and_after_a_422(cluster: Cluster, publisher, plugin):
+    claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
+    key = f"{cluster.namespace}/{claim}"
+    pod, cid = PodRef(cluster.namespace, "web", uid), "c" + suffix()
+    add(plugin, cid, pod)
+    cluster.wait_devices(claim, lambda d: len(d) == 1)
+    # A second pod whose claim is not allocated yet: its ADD stays in the journal.
+    cluster.claim("late-net")
+    late_uid = cluster.pod("late", ["late-net"])
+    late_cid = "late" + suffix()
+    add(plugin, late_cid, PodRef(cluster.namespace, "late", late_uid))
+    wait_status(publisher, lambda s: (s["oldest_pending"] or {}).get("attempts", 0) >= 1
+                and s["claims"].get(key, {}).get("state") == "published")
+
+    # 1. After a published ADD.
+    st = cli_json(publisher.socket)
+    assert st["node"] == "node-a" and st["journal_depth"] == 1 and st["attachments"] == 1
+    assert st["oldest_pending"]["op"] == "ADD" and st["oldest_pending"]["containerID"] == late_cid
+    assert "not allocated" in st["oldest_pending"]["last_error"]
+    assert st["last_error"] is None and st["failed_events"] == []
+    assert st["claims"][key]["state"] == "published" and st["claims"][key]["devices"] == ["node-a/nic0"]
+    text = cli_text(publisher.socket)
+    assert line(text, "node") == "node-a"
+    assert line(text, "journal depth") == "1"
+    assert line(text, "oldest pending").startswith(f"ADD {late_cid[:12]}/eth0 age ")
+    assert "not allocated" in line(text, "oldest pending")
+    assert line(text, "attachments") == "1"
+    assert line(text, "last error") == "-"
+    assert re.search(rf"^  {re.escape(key)}\s+published\s+node-a/nic0$", text, re.M), text
+    assert "recently dropped events" not in text
+
+    # 2. After the API refused the claim's apply (422).
+    reallocate_elsewhere(cluster, claim, "web", uid)
+    send_check(publisher, cid, pod)
+    wait_status(publisher, lambda s: s["claims"][key]["state"] == "error")
+    st = cli_json(publisher.socket)
+    api_error = st["claims"][key]["error"]
+    assert api_error.startswith("422: ") and "allocated device" in api_error
+    assert st["journal_depth"] == 1  # the late ADD still waits; the CHECK was dropped, not retried
+    assert st["last_error"]["claim"] == key and st["last_error"]["containerID"] == cid
+    assert st["last_error"]["error"] == f"apply rejected (422): {api_error[5:]}"
+    [failed] = st["failed_events"]
+    assert failed["op"] == "CHECK" and failed["containerID"] == cid and "(422)" in failed["error"]
+    text = cli_text(publisher.socket)
+    assert line(text, "journal depth") == "1"
+    last = line(text, "last error")
+    assert re.match(r"[0-9.]+s ago ", last) and key in last and "apply rejected (422)" in last
+    assert re.search(rf"^  {re.escape(key)}\s+error\s+node-a/nic0  error: {re.escape(api_error)}$", text, re.M), text
+    assert f"  CHECK {cid[:12]}/eth0: apply rejected (422)" in text.split("recently dropped events:", 1)[1]
+
+
+def test_status_cli_without_a_publisher_says_so(workdir):
+    out = cli(str(workdir / "absent.sock"))
+    assert out.returncode == 1
+    assert "cannot reach the publisher" in out.stderr and "absent.sock" in out.stderr
