@@ -86,13 +86,23 @@ class Service:
     # ------------------------------------------------------------ intake
 
     def submit(self, event: Event) -> tuple[bool, str]:
-        """Called by the socket server: commit the event, then it may be acked."""
+        """Called by the socket server: commit the event, then it may be acked.
+
+        An ADD/CHECK without pod identity (a runtime that passes no K8S_POD_* in
+        CNI_ARGS) can never be resolved to a claim. It is acknowledged without
+        being journaled: the publisher has decided, so the plugin must not spool
+        it and have it come back. The decision is logged, counted and shown by
+        `status` as the last error.
+        """
         self.metrics.events_received.labels(event.op).inc()
         if event.op in ("ADD", "CHECK") and (event.pod is None or not event.pod.namespace or not event.pod.name):
+            error = "event has no pod identity (K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS): not published"
             self.metrics.events_rejected.labels("no_pod_identity").inc()
+            self.last_error = {"time": time.time(), "error": error, "containerID": event.container_id,
+                               "claim": "", "op": event.op}
             self.log.warning("event rejected: no pod identity", extra={
                 "op": event.op, **logs.attachment_fields(container_id=event.container_id, ifname=event.ifname)})
-            return False, "event has no pod identity (K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS)"
+            return True, event.event_id
         new = self.journal.append(event)
         if new:
             self.metrics.events_acked.labels(event.op).inc()

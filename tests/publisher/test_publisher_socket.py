@@ -162,13 +162,16 @@ def test_duplicate_event_ids_are_journaled_once(offline):
     assert status["journal_depth"] == 1
 
 
-def test_add_without_pod_identity_is_rejected_and_counted(offline):
+def test_add_without_pod_identity_is_decided_counted_and_not_journaled(offline):
+    """Acked (so the plugin does not spool it), never journaled, counted, shown by status."""
     p = offline()
     ev = wire_event("ADD", "cid-nopod", None, cni_result())
     reply = request(p.socket, event_request(ev))
-    assert reply["ok"] is False and "pod identity" in reply["error"]
+    assert reply == {"ok": True, "id": ev.event_id}
     assert p.metric('netclaim_events_rejected_total{reason="no_pod_identity"}') == 1
     assert journal_events(p) == []
+    last = p.status()["last_error"]
+    assert last["containerID"] == "cid-nopod" and "pod identity" in last["error"]
 
 
 def test_spool_is_ingested_at_start_and_files_removed_after_commit(offline):
