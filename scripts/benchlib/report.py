@@ -126,6 +126,14 @@ def plot(samples: list[float], path: Path) -> bool:
     return True
 
 
+def _cases_table(cases: dict[str, dict[str, Any]]) -> list[str]:
+    """One row per timed command, so the side-by-side references read as a table."""
+    lines = ["| case | median ms | x floor | peak RSS MiB |", "|---|---|---|---|"]
+    for name, c in cases.items():
+        lines.append(f"| {name} | {c.get('median_ms', '')} | {c.get('x_floor', '')} | {c.get('peak_rss_mib', '')} |")
+    return lines + [""]
+
+
 def _headline(results: dict[str, dict[str, Any]]) -> list[str]:
     e2e = results.get("e2e", {})
     if "error" in e2e or not e2e:
@@ -176,6 +184,10 @@ def render(results: dict[str, dict[str, Any]], info: dict[str, str], plot_name: 
         doc = (figures.get("description") if isinstance(figures, dict) else None)
         if doc:
             out += [str(doc), ""]
+        cases = figures.get("cases") if isinstance(figures, dict) else None
+        if isinstance(cases, dict):
+            out += _cases_table(cases)
+            figures = {k: v for k, v in figures.items() if k != "cases"}
         rows: list[tuple[str, str]] = []
         _flatten("", figures, rows)
         out += ["| figure | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
