@@ -47,6 +47,9 @@ class Settings:
     emit_events: bool = True
 
 
+CLAIM_STATE_RETENTION = 3600.0  # seconds an untracked claim's state stays in `status`
+
+
 @dataclass
 class ClaimState:
     state: str = "ok"
@@ -465,12 +468,26 @@ class Service:
                 if time.time() >= next_resync:
                     self.resync()
                     self.journal.prune()
+                    self._forget_inactive_claims()
                     next_resync = time.time() + self.settings.resync_interval
                 self._gauges()
             except TransientError:
                 pass
             except Exception:
                 self.log.exception("housekeeping failed")
+
+    def _forget_inactive_claims(self) -> None:
+        """Bound memory under pod churn: forget claims that no attachment refers to.
+
+        Their state stays visible in `status` for CLAIM_STATE_RETENTION after the
+        last change, so an operator still sees why a claim failed.
+        """
+        active = {f"{ns}/{name}" for ns, name in self.journal.claims()}
+        self.writer.forget_inactive(active)
+        horizon = time.time() - CLAIM_STATE_RETENTION
+        with self._claims_lock:
+            for key in [k for k, v in self._claims.items() if k not in active and v.updated < horizon]:
+                del self._claims[key]
 
     def resync(self, first: bool = False) -> None:
         """Drop attachments whose claim or pod is gone; re-apply claims whose status differs."""

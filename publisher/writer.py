@@ -16,8 +16,8 @@ import json
 import random
 import threading
 import time
-from collections import defaultdict
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from .kube import Kube, PermanentError, TransientError
 
@@ -58,13 +58,41 @@ class Writer:
         self.backoff_cap = backoff_cap
         self._last: dict[str, str] = dict(applied or {})
         self.remember = remember
-        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        # claim -> [lock, users]; `users` counts holders and waiters so that a
+        # lock is only forgotten when nobody can still be using it.
+        self._locks: dict[str, list[Any]] = {}
         self._guard = threading.Lock()
 
-    def claim_lock(self, claim_key: str) -> threading.Lock:
+    @contextmanager
+    def claim_lock(self, claim_key: str) -> Iterator[None]:
         """Held from reading a claim's desired state to committing it: no lost sibling entries."""
         with self._guard:
-            return self._locks[claim_key]
+            entry = self._locks.setdefault(claim_key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._guard:
+                entry[1] -= 1
+
+    def forget_inactive(self, active: set[str]) -> int:
+        """Drop the per-claim lock and last-applied hash of claims we no longer track.
+
+        Without this both maps grow with every claim the node has ever seen
+        (pod churn over weeks). A lock someone holds or waits for is kept; a later
+        event for a forgotten claim simply applies again.
+        """
+        dropped = []
+        with self._guard:
+            for key in [k for k, (_, users) in self._locks.items() if k not in active and users == 0]:
+                del self._locks[key]
+            for key in [k for k in self._last if k not in active]:
+                del self._last[key]
+                dropped.append(key)
+        for key in dropped:
+            self.remember(key, None)
+        return len(dropped)
 
     def invalidate(self, claim_key: str) -> None:
         with self._guard:
