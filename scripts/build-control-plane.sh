@@ -18,6 +18,11 @@ flock 8
 
 log() { printf '[build] %s\n' "$*" >&2; }
 
+# The Go toolchain's standard install location, for shells whose PATH lacks it.
+if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+    PATH="/usr/local/go/bin:$PATH"
+fi
+
 # build NAME VERSION PACKAGE: build PACKAGE inside a copy of scripts/gomod/NAME.
 build() {
     local name="$1" version="$2" pkg="$3"

@@ -16,6 +16,8 @@ APT_PACKAGES=(
     gcc libc6-dev                 # static pause binary for the local sandbox image
     time                          # peak-memory figures of the Go builds
     procps                        # pgrep/ps used by the scripts
+    python3-venv                  # `python3 -m venv` when python3 is Debian's own
+    openssl curl                  # the control plane's certificates and readiness probe
 )
 
 install_packages() {
