@@ -43,6 +43,29 @@ def _enter(netns: str) -> NetNS:
     return NetNS(netns)
 
 
+class _Inside:
+    """Run a block inside the sandbox netns, where entering can fail on its own.
+
+    Failing to enter is the spec's "container unknown" (code 3), while an
+    OSError inside the block is the caller's to judge, so the two are kept
+    apart here rather than by one try around both.
+    """
+
+    def __init__(self, netns: str) -> None:
+        self.netns = netns
+        self.ns = _enter(netns)
+
+    def __enter__(self) -> "_Inside":
+        try:
+            self.ns.__enter__()
+        except OSError as exc:
+            raise _open_error(self.netns, exc) from None
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.ns.__exit__(None, None, None)
+
+
 def _open_error(netns: str, exc: OSError) -> CNIError:
     return CNIError(UNKNOWN_CONTAINER, f"cannot open netns {netns!r}: {exc.strerror or exc}")
 
@@ -74,26 +97,18 @@ def apply(netns: str, ifname: str, conf: InterfaceConf, path: str, meta: dict[st
     On a failure half-way, what was already changed is rolled back and the
     state removed, so a failed ADD leaves the sandbox as it found it.
     """
-    try:
-        ns = _enter(netns)
-        ns.__enter__()
-    except OSError as exc:
-        raise _open_error(netns, exc) from None
-    try:
-        with RtNetlink() as nl:
-            link = _find(nl, ifname, netns)
-            original = _originals(link, conf, ifname)
-            state_store.save(path, dict(meta, original=original, applied=conf.to_dict()))
-            try:
-                _apply(nl, link, conf, ifname)
-            except OSError as exc:
-                field = getattr(exc, "netclaim_field", "?")
-                _restore(nl, ifname, original)
-                state_store.remove(path)
-                raise _set_error(field, exc) from None
-            return _find(nl, ifname, netns)
-    finally:
-        ns.__exit__(None, None, None)
+    with _Inside(netns), RtNetlink() as nl:
+        link = _find(nl, ifname, netns)
+        original = _originals(link, conf, ifname)
+        state_store.save(path, dict(meta, original=original, applied=conf.to_dict()))
+        try:
+            _apply(nl, link, conf, ifname)
+        except OSError as exc:
+            field = getattr(exc, "netclaim_field", "?")
+            _restore(nl, ifname, original)
+            state_store.remove(path)
+            raise _set_error(field, exc) from None
+        return _find(nl, ifname, netns)
 
 
 def _originals(link: Link, conf: InterfaceConf, ifname: str) -> dict[str, Any]:
@@ -195,30 +210,22 @@ def verify(netns: str, ifname: str, expected_mac: str | None, addresses: list[st
            conf: InterfaceConf | None) -> list[str]:
     """CHECK: every difference between the netns and prevResult/config, as text."""
     problems: list[str] = []
-    try:
-        ns = _enter(netns)
-        ns.__enter__()
-    except OSError as exc:
-        raise _open_error(netns, exc) from None
-    try:
-        with RtNetlink() as nl:
-            link = nl.get_link(ifname)
-            if link is None:
-                return [f"interface {ifname} is missing"]
-            if expected_mac and expected_mac.lower() != link.mac:
-                problems.append(f"mac is {link.mac}, prevResult says {expected_mac.lower()}")
-            present = {(f, raw, plen) for f, raw, plen in nl.addresses(link.index)}
-            for cidr in addresses:
-                parsed = parse_cidr(cidr)
-                if parsed is None or parsed not in present:
-                    problems.append(f"address {cidr} is missing")
-            if conf is not None:
-                problems += _verify_conf(link, conf, ifname)
-            if problems:
-                have = sorted(format_cidr(*p) for p in present)
-                problems.append(f"(interface has {', '.join(have) or 'no addresses'})")
-    finally:
-        ns.__exit__(None, None, None)
+    with _Inside(netns), RtNetlink() as nl:
+        link = nl.get_link(ifname)
+        if link is None:
+            return [f"interface {ifname} is missing"]
+        if expected_mac and expected_mac.lower() != link.mac:
+            problems.append(f"mac is {link.mac}, prevResult says {expected_mac.lower()}")
+        present = {(f, raw, plen) for f, raw, plen in nl.addresses(link.index)}
+        for cidr in addresses:
+            parsed = parse_cidr(cidr)
+            if parsed is None or parsed not in present:
+                problems.append(f"address {cidr} is missing")
+        if conf is not None:
+            problems += _verify_conf(link, conf, ifname)
+        if problems:
+            have = sorted(format_cidr(*p) for p in present)
+            problems.append(f"(interface has {', '.join(have) or 'no addresses'})")
     return problems
 
 

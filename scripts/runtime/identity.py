@@ -132,16 +132,19 @@ def ensure_node(api: client.ApiClient, name: str) -> dict[str, str]:
     return {"name": node.metadata.name, "uid": node.metadata.uid}
 
 
-def node_token(api: client.ApiClient, node: dict[str, str], seconds: int = 3600,
-               namespace: str = NAMESPACE, service_account: str = SERVICE_ACCOUNT) -> str:
-    """A token of the service account bound to the Node (TokenRequest API)."""
+def bound_token(api: client.ApiClient, kind: str, bound: dict[str, str], seconds: int = 3600,
+                namespace: str = NAMESPACE, service_account: str = SERVICE_ACCOUNT) -> str:
+    """A service-account token bound to a Pod or a Node (TokenRequest API).
+
+    Bound tokens carry the object's node name, which is what lets the API server
+    grant `associated-node` verbs; they die with the object."""
     body = {
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenRequest",
         "spec": {
             "audiences": [],  # empty: the API server's own audience
             "expirationSeconds": seconds,
-            "boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node["name"], "uid": node["uid"]},
+            "boundObjectRef": {"kind": kind, "apiVersion": "v1", "name": bound["name"], "uid": bound["uid"]},
         },
     }
     core = client.CoreV1Api(api)
@@ -153,6 +156,12 @@ def node_token(api: client.ApiClient, node: dict[str, str], seconds: int = 3600,
                 raise
             time.sleep(0.1)
     raise AssertionError("unreachable")
+
+
+def node_token(api: client.ApiClient, node: dict[str, str], seconds: int = 3600,
+               namespace: str = NAMESPACE, service_account: str = SERVICE_ACCOUNT) -> str:
+    """A token of the service account bound to the Node."""
+    return bound_token(api, "Node", node, seconds, namespace, service_account)
 
 
 def write_kubeconfig(path: str | os.PathLike[str], server: str, ca_file: str, token: str) -> str:

@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from deploylib import CONF, DRIVER, load_yaml_docs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from runtime.identity import ensure_node, jwt_claims, token_review  # noqa: E402,F401  (one copy, shared with the demo)
+from runtime.identity import bound_token, ensure_node, jwt_claims, token_review  # noqa: E402,F401  (one copy, shared with the demo)
 
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
@@ -138,17 +138,7 @@ def allocated_claim(api: client.ApiClient, namespace: str, name: str, node: str,
 def token_request(api: client.ApiClient, namespace: str, service_account: str, bound: dict[str, Any],
                   kind: str, seconds: int = 3600) -> str:
     """A token bound to a Pod or a Node, minted through the TokenRequest API."""
-    body = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {
-            "audiences": [],  # empty: the API server's own audience
-            "expirationSeconds": seconds,
-            "boundObjectRef": {"kind": kind, "apiVersion": "v1", "name": bound["name"], "uid": bound["uid"]},
-        },
-    }
-    resp = client.CoreV1Api(api).create_namespaced_service_account_token(service_account, namespace, body)
-    return resp.status.token
+    return bound_token(api, kind, bound, seconds, namespace, service_account)
 
 
 
