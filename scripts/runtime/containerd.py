@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .jsonlog import log
+from .procs import terminate
 
 DISABLED_PLUGINS = (
     "io.containerd.snapshotter.v1.aufs",
@@ -201,13 +202,7 @@ class Containerd:
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM containerd, then kill leftover shims and their children by pid."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None and terminate(self.proc, timeout):
             log("containerd.stopped", pid=self.proc.pid, rc=self.proc.returncode)
         for pid in self.shim_pids():
             kill_tree(pid)

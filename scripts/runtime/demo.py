@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent

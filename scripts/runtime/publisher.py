@@ -9,7 +9,6 @@ a status request" - the same thing the plugin depends on.
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .jsonlog import log
+from .procs import terminate
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -93,15 +93,8 @@ class PublisherProcess:
             return read_frame(s)
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        log("publisher.stopped", pid=self.proc.pid, rc=self.proc.returncode)
+        if self.proc is not None and terminate(self.proc, timeout):
+            log("publisher.stopped", pid=self.proc.pid, rc=self.proc.returncode)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,11 @@ CONF = REPO / "conf"
 INSTALL_SH = REPO / "scripts" / "install.sh"
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 DRIVER = "net.example.com"
+
+# The runtime helpers under scripts/ (process stop, node identity) serve the
+# demo and these tests alike.
+sys.path.insert(0, str(REPO / "scripts"))
+from runtime.procs import terminate  # noqa: E402,F401
 
 
 def suffix() -> str:

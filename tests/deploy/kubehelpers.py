@@ -10,9 +10,7 @@ projected token volume).
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -20,7 +18,6 @@ from kubernetes.client.exceptions import ApiException
 
 from deploylib import CONF, DRIVER, load_yaml_docs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from runtime.identity import bound_token, ensure_node, jwt_claims, token_review  # noqa: E402,F401  (one copy, shared with the demo)
 
 MERGE = "application/merge-patch+json"

@@ -222,11 +222,10 @@ def wait_for(check, what: str, timeout: float = 30.0) -> Any:
 def test_real_publisher_logs_and_counts_the_refusal_and_keeps_serving(cluster: Cluster, control_plane,
                                                                       tmp_root) -> None:
     """The publisher of node-a, with its pod-bound token and the shipped RBAC."""
-    import signal
     import socket as pysocket
     import subprocess
 
-    from deploylib import netclaim_publisher_bin, python_env
+    from deploylib import netclaim_publisher_bin, python_env, terminate
 
     admin = control_plane.api_client()
     token = token_request(admin, cluster.namespace, SA, cluster.publisher_pod, "Pod", seconds=600)
@@ -280,9 +279,4 @@ def test_real_publisher_logs_and_counts_the_refusal_and_keeps_serving(cluster: C
         assert proc.poll() is None, "the publisher exited after a refusal"
     finally:
         admin.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)

@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from deploylib import CONF, REPO, netclaim_publisher_bin, python_env
+from deploylib import CONF, REPO, netclaim_publisher_bin, python_env, terminate
 from cni_plugin.wire import encode_frame, read_frame
 
 UNIT = CONF / "systemd" / "netclaim-publisher.service"
@@ -203,12 +202,7 @@ def unit_started(tmp_root: Path):
             time.sleep(0.1)
         yield {"socket": sock, "dirs": dirs, "root": tmp_root}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
         log.close()
 
 
