@@ -7,7 +7,6 @@ so a systemd unit or a DaemonSet can configure it without a wrapper script.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import sys

@@ -15,7 +15,6 @@ import hashlib
 import json
 import random
 import threading
-import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 

@@ -24,6 +24,8 @@ from runtime.cri import PodMeta  # noqa: E402
 from runtime.observe import ClaimWatcher, plugin_add_time  # noqa: E402
 from runtime.stack import Stack  # noqa: E402
 
+from .stats import percentile
+
 TARGET_RATIO = 1.15
 
 
@@ -36,15 +38,11 @@ def _progress(text: str) -> None:
     print(f"[bench e2e] {text}", file=sys.stderr, flush=True)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
 
 def _summary(values: list[float]) -> dict[str, float]:
     return {
         "median": round(statistics.median(values), 2),
-        "p90": round(_percentile(values, 0.9), 2),
+        "p90": round(percentile(values, 0.9), 2),
         "min": round(min(values), 2),
         "max": round(max(values), 2),
     }

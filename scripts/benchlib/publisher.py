@@ -22,17 +22,17 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from .stats import percentile
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -54,10 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _progress(text: str) -> None:
     print(f"[bench publisher] {text}", file=sys.stderr, flush=True)
 
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def _control_plane() -> dict[str, str]:
@@ -324,12 +320,12 @@ def _latency_run(bench: Bench, pods: list[tuple[str, str, str]], rate: float, wa
     writes = _api(after_rep, "apply") - _api(before_rep, "apply")
     return {
         "sandboxes": len(pods), "visible": len(from_start),
-        "handoff_to_visible_ms": {"p50": round(_pct(from_handoff, .5), 1), "p90": round(_pct(from_handoff, .9), 1),
-                                  "p99": round(_pct(from_handoff, .99), 1), "max": round(max(from_handoff), 1),
+        "handoff_to_visible_ms": {"p50": round(percentile(from_handoff, .5), 1), "p90": round(percentile(from_handoff, .9), 1),
+                                  "p99": round(percentile(from_handoff, .99), 1), "max": round(max(from_handoff), 1),
                                   "over_150": sum(1 for v in from_handoff if v > 150)},
-        "exec_to_visible_ms": {"p50": round(_pct(from_start, .5), 1), "p99": round(_pct(from_start, .99), 1)},
-        "add_return_to_visible_ms": {"p50": round(_pct(from_return, .5), 1), "p99": round(_pct(from_return, .99), 1)},
-        "plugin_add_ms": {"p50": round(_pct(plugin_ms, .5), 1), "p99": round(_pct(plugin_ms, .99), 1)},
+        "exec_to_visible_ms": {"p50": round(percentile(from_start, .5), 1), "p99": round(percentile(from_start, .99), 1)},
+        "add_return_to_visible_ms": {"p50": round(percentile(from_return, .5), 1), "p99": round(percentile(from_return, .99), 1)},
+        "plugin_add_ms": {"p50": round(percentile(plugin_ms, .5), 1), "p99": round(percentile(plugin_ms, .99), 1)},
         "api_requests_per_add": round(api / len(pods), 2),
         "identical_add_repeats": 20, "identical_add_writes": int(writes),
     }

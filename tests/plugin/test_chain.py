@@ -12,7 +12,7 @@ import pytest
 
 from cni_plugin import wire
 
-from .conftest import POD_ARGS, Chain, run_plugin
+from .conftest import Chain, run_plugin
 
 pytestmark = pytest.mark.netns
 

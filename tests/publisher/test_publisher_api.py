@@ -11,9 +11,8 @@ import time
 
 import pytest
 
-from cni_plugin.wire import PodRef, event_request
-from publisher_testkit import (DRIVER, Cluster, Plugin, add, cni_result, drained, reallocate_elsewhere, request,
-                               send_check, suffix, wire_event)
+from cni_plugin.wire import PodRef
+from publisher_testkit import DRIVER, Cluster, Plugin, add, drained, reallocate_elsewhere, send_check, suffix
 
 pytestmark = pytest.mark.controlplane
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import Cluster, Plugin, suffix
+from publisher_testkit import Cluster, suffix
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.netns]
 

@@ -16,7 +16,7 @@ import struct
 
 import pytest
 
-from cni_plugin.wire import Event, PodRef, encode_frame, event_request, read_frame, write_spool
+from cni_plugin.wire import PodRef, encode_frame, event_request, read_frame, write_spool
 from publisher_testkit import Publisher, cni_result, request, wire_event
 
 UNREACHABLE_KUBECONFIG = """apiVersion: v1
