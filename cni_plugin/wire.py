@@ -210,6 +210,11 @@ class Event(_Record):
         return cls(**fields)
 
     @property
+    def has_pod_identity(self) -> bool:
+        """Whether the runtime named the pod (K8S_POD_NAMESPACE and K8S_POD_NAME)."""
+        return self.pod is not None and bool(self.pod.namespace) and bool(self.pod.name)
+
+    @property
     def attachment(self) -> tuple:
         """The key events are ordered by: (containerID, ifname)."""
         return (self.container_id, self.ifname)

@@ -164,9 +164,9 @@ class Resolver:
 
     def resolve(self, event: Event, bound_for_claim: Any) -> Target:
         """`bound_for_claim(claim_key)` gives the device keys other attachments hold."""
-        pod_ref = event.pod
-        if pod_ref is None or not pod_ref.namespace or not pod_ref.name:
+        if not event.has_pod_identity:
             raise Unresolvable("event has no pod identity (K8S_POD_NAMESPACE/K8S_POD_NAME)")
+        pod_ref = event.pod
         uid, names = self._pod(pod_ref.namespace, pod_ref.name, pod_ref.uid)
         if pod_ref.uid and uid != pod_ref.uid:
             raise Unresolvable(f"pod {pod_ref.namespace}/{pod_ref.name} has uid {uid}, the event is for {pod_ref.uid}")

@@ -98,7 +98,7 @@ class Service:
         `status` as the last error.
         """
         self.metrics.events_received.labels(event.op).inc()
-        if event.op in ("ADD", "CHECK") and (event.pod is None or not event.pod.namespace or not event.pod.name):
+        if event.op in ("ADD", "CHECK") and not event.has_pod_identity:
             error = "event has no pod identity (K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS): not published"
             self.metrics.events_rejected.labels("no_pod_identity").inc()
             self.last_error = {"time": time.time(), "error": error, "containerID": event.container_id,
