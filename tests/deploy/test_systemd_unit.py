@@ -26,6 +26,7 @@ import pytest
 
 from deploylib import CONF, REPO, netclaim_publisher_bin, python_env, terminate
 from cni_plugin.wire import encode_frame, read_frame
+from peers import run_as_uid
 
 UNIT = CONF / "systemd" / "netclaim-publisher.service"
 SHIPPED_BIN = "/opt/netclaim/venv/bin/netclaim-publisher"
@@ -145,32 +146,21 @@ def free_port() -> int:
 
 def connect_as(uid: int, path: str) -> str:
     """Connect to the socket from a child process running as `uid`; returns the outcome."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: drop to uid, try, report, exit without running pytest's cleanup
-        os.close(read_fd)
-        outcome = "connected"
+
+    def attempt() -> str:
         try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(5)
                 sock.connect(path)
                 sock.sendall(encode_frame({"kind": "status"}))
                 reply = read_frame(sock)
-                outcome = "ok" if reply.get("ok") else f"refused-by-server: {reply.get('error')}"
+                return "ok" if reply.get("ok") else f"refused-by-server: {reply.get('error')}"
         except PermissionError:
-            outcome = "EACCES"
+            return "EACCES"
         except (OSError, EOFError) as exc:
-            outcome = f"error: {type(exc).__name__}: {exc}"
-        os.write(write_fd, outcome.encode())
-        os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as fh:
-        outcome = fh.read().decode()
-    os.waitpid(pid, 0)
-    return outcome
+            return f"error: {type(exc).__name__}: {exc}"
+
+    return run_as_uid(uid, attempt)
 
 
 @pytest.fixture()

@@ -17,6 +17,7 @@ import struct
 import pytest
 
 from cni_plugin.wire import PodRef, encode_frame, event_request, read_frame, write_spool
+from peers import run_as_uid
 from publisher_testkit import Publisher, cni_result, request, wire_event
 
 UNREACHABLE_KUBECONFIG = """apiVersion: v1
@@ -64,31 +65,16 @@ def journal_events(p: Publisher) -> list[tuple[str, str, str]]:
 
 
 def send_as_uid(path: str, uid: int, message: dict) -> dict:
-    """Fork a child that drops to `uid` and sends one request; returns its reply."""
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(rfd)
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(10)
-                sock.connect(path)
-                sock.sendall(encode_frame(message))
-                reply = read_frame(sock)
-        except Exception as exc:  # report, never raise in the forked pytest
-            reply = {"child_error": f"{type(exc).__name__}: {exc}"}
-        os.write(wfd, json.dumps(reply).encode())
-        os._exit(0)
-    os.close(wfd)
-    data = b""
-    while chunk := os.read(rfd, 65536):
-        data += chunk
-    os.close(rfd)
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    """Send one request from a child running as `uid`; returns its reply."""
+
+    def send() -> dict:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(path)
+            sock.sendall(encode_frame(message))
+            return read_frame(sock)
+
+    return run_as_uid(uid, send)
 
 
 def open_socket_to_everyone(p: Publisher) -> None:
