@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Build etcd and kube-apiserver once, from Go modules, and cache them by version.
+# Build the project's Go-built tools once, from Go modules, and cache them by version.
+#
+#   scripts/build-control-plane.sh                # etcd and kube-apiserver
+#   scripts/build-control-plane.sh TARGET...      # any of the targets below, or a group:
+#                                                 #   control-plane, node, runtime, tools, all
 #
 # Nothing here is committed: the binaries land in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/netclaim/bin/<name>-<version>. A second run
-# with the binaries present does nothing. Prints the two binary paths.
+# with the binaries present does nothing. Prints one binary path per target, in order.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/netclaim"
-KUBE_VERSION="$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$HERE/gomod/kube-apiserver/go.mod")"
-ETCD_VERSION="$(sed -n 's/^require go.etcd.io\/etcd\/server\/v3 \(v[0-9.]*\)$/\1/p' "$HERE/gomod/etcd/go.mod")"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
 # One build at a time: concurrent callers (parallel test sessions) wait here.
@@ -23,35 +25,89 @@ if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
     PATH="/usr/local/go/bin:$PATH"
 fi
 
-# build NAME VERSION PACKAGE: build PACKAGE inside a copy of scripts/gomod/NAME.
+# modver DIR MODULE: the version DIR's wrapper go.mod requires of MODULE.
+modver() { sed -n "s#^require $2 \(v[0-9.]*\)\$#\1#p" "$HERE/gomod/$1/go.mod"; }
+
+KUBE_VERSION="$(modver kubernetes k8s.io/kubernetes)"
+ETCD_VERSION="$(modver etcd go.etcd.io/etcd/server/v3)"
+CONTAINERD_VERSION="$(modver containerd github.com/containerd/containerd/v2)"
+CRI_TOOLS_VERSION="$(modver cri-tools sigs.k8s.io/cri-tools)"
+CNI_VERSION="$(modver cni github.com/containernetworking/cni)"
+HELM_VERSION="$(modver helm helm.sh/helm/v3)"
+
+KUBE_MINOR="${KUBE_VERSION#v1.}"; KUBE_MINOR="${KUBE_MINOR%%.*}"
+# Version stamps, so that nodes and `kubectl version` say v1.37.2 and not v0.0.0-master.
+KUBE_LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$KUBE_MINOR -X k8s.io/component-base/version.gitTreeState=clean"
+KUBE_LDFLAGS="$KUBE_LDFLAGS -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$KUBE_MINOR"
+CONTAINERD_LDFLAGS="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
+
+# target NAME: "wrapper-dir version package ldflags" for one binary.
+target() {
+    case "$1" in
+        etcd) echo "etcd|$ETCD_VERSION|go.etcd.io/etcd/server/v3|" ;;
+        kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl)
+            echo "kubernetes|$KUBE_VERSION|k8s.io/kubernetes/cmd/$1|$KUBE_LDFLAGS" ;;
+        dra-test-driver) echo "kubernetes|$KUBE_VERSION|k8s.io/kubernetes/test/e2e/dra/test-driver|$KUBE_LDFLAGS" ;;
+        containerd|containerd-shim-runc-v2|ctr)
+            echo "containerd|$CONTAINERD_VERSION|github.com/containerd/containerd/v2/cmd/$1|$CONTAINERD_LDFLAGS" ;;
+        crictl) echo "cri-tools|$CRI_TOOLS_VERSION|sigs.k8s.io/cri-tools/cmd/crictl|-X sigs.k8s.io/cri-tools/pkg/version.Version=${CRI_TOOLS_VERSION#v}" ;;
+        cnitool) echo "cni|$CNI_VERSION|github.com/containernetworking/cni/cnitool|" ;;
+        helm) echo "helm|$HELM_VERSION|helm.sh/helm/v3/cmd/helm|-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
+        *) log "unknown target $1"; exit 2 ;;
+    esac
+}
+
+expand() {
+    case "$1" in
+        control-plane) echo etcd kube-apiserver ;;
+        node) echo kube-controller-manager kube-scheduler kubelet kubectl dra-test-driver ;;
+        runtime) echo containerd containerd-shim-runc-v2 ctr crictl ;;
+        tools) echo cnitool helm ;;
+        all) echo etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl dra-test-driver \
+                  containerd containerd-shim-runc-v2 ctr crictl cnitool helm ;;
+        *) echo "$1" ;;
+    esac
+}
+
+# build NAME: build one target inside a copy of its wrapper module.
 build() {
-    local name="$1" version="$2" pkg="$3"
+    local name="$1" spec dir version pkg ldflags
+    spec="$(target "$name")"
+    IFS='|' read -r dir version pkg ldflags <<<"$spec"
     local out="$BIN/$name-$version"
     if [[ -x "$out" ]]; then
         log "$name $version cached"
+        echo "$out"
         return 0
     fi
     command -v go >/dev/null || { log "go toolchain not found; cannot build $name"; exit 1; }
-    local work="$CACHE/build/$name-$version"
-    rm -rf "$work"
+    local work="$CACHE/build/$dir-$version"
     mkdir -p "$work"
-    cp "$HERE/gomod/$name/go.mod" "$HERE/gomod/$name/tools.go" "$work/"
+    if ! cmp -s "$HERE/gomod/$dir/go.mod" "$work/go.mod.src" || ! cmp -s "$HERE/gomod/$dir/tools.go" "$work/tools.go"; then
+        rm -rf "$work" && mkdir -p "$work"
+        cp "$HERE/gomod/$dir/go.mod" "$work/go.mod"
+        cp "$HERE/gomod/$dir/go.mod" "$work/go.mod.src"
+        cp "$HERE/gomod/$dir/tools.go" "$work/tools.go"
+        (cd "$work" && GOFLAGS=-mod=mod go mod tidy >"$work/tidy.log" 2>&1) || { cat "$work/tidy.log" >&2; exit 1; }
+    fi
     log "building $name $version (a cold build takes minutes)"
     local start=$SECONDS
     (
         cd "$work"
         export GOFLAGS=-mod=mod CGO_ENABLED=0
-        go mod tidy >"$work/tidy.log" 2>&1 || { cat "$work/tidy.log" >&2; exit 1; }
-        /usr/bin/time -v -o "$work/time.txt" \
-            go build -trimpath -ldflags='-s -w' -o "$out.tmp" "$pkg"
-    )
+        /usr/bin/time -v -o "$work/time-$name.txt" \
+            go build -trimpath -ldflags="-s -w $ldflags" -o "$out.tmp" "$pkg"
+    ) >&2
     mv "$out.tmp" "$out"
     local rss
-    rss="$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$work/time.txt" 2>/dev/null || true)"
+    rss="$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$work/time-$name.txt" 2>/dev/null || true)"
     log "$name $version built in $((SECONDS - start))s, peak RSS of go build ${rss:-?} KiB"
+    echo "$out"
 }
 
-build etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3
-build kube-apiserver "$KUBE_VERSION" k8s.io/kubernetes/cmd/kube-apiserver
-echo "$BIN/etcd-$ETCD_VERSION"
-echo "$BIN/kube-apiserver-$KUBE_VERSION"
+(($#)) || set -- control-plane
+for arg in "$@"; do
+    for name in $(expand "$arg"); do
+        build "$name"
+    done
+done

@@ -1,8 +1,9 @@
-// Wrapper module that builds kube-apiserver from the published k8s.io/kubernetes
+// Wrapper module that builds the Kubernetes binaries (kube-apiserver, kubelet,
+// kube-scheduler, kube-controller-manager, kubectl, the DRA test driver) from the published k8s.io/kubernetes
 // module. Upstream's go.mod points the staging modules at local paths, so
 // `go install` cannot build it; here each staging module is taken from its
 // released v0.x tag instead.
-module netclaim.local/build/kube-apiserver
+module netclaim.local/build/kubernetes
 
 go 1.26.0
 
