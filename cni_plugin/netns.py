@@ -36,10 +36,19 @@ def _bind_setns():
     return setns
 
 
+def _builtin_setns():
+    """The static bundle's builtin (scripts/bundle/netclaim_sys.c): it has no _ctypes."""
+    try:
+        import _netclaim_sys
+    except ImportError:
+        return None
+    return _netclaim_sys.setns
+
+
 def setns(fd: int, nstype: int = CLONE_NEWNET) -> None:
     global _setns
     if _setns is None:
-        _setns = getattr(os, "setns", None) or _bind_setns()
+        _setns = getattr(os, "setns", None) or _builtin_setns() or _bind_setns()
     _setns(fd, nstype)
 
 
