@@ -2,11 +2,15 @@
 
 Every option can also come from an environment variable (shown in --help),
 so a systemd unit or a DaemonSet can configure it without a wrapper script.
+A configuration error (bad flag value, missing or broken kubeconfig, a state
+directory that cannot be opened) is one line on stderr and a non-zero exit,
+never a traceback: an operator reads it in `kubectl logs` or the journal.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import sys
@@ -16,7 +20,10 @@ from typing import Any
 
 import click
 
-from cni_plugin.wire import DEFAULT_SOCKET, DEFAULT_SPOOL_DIR, encode_frame, read_frame
+from cni_plugin import __version__
+from cni_plugin.wire import DEFAULT_SOCKET, DEFAULT_SPOOL_DIR, PROTOCOL_VERSION, encode_frame, read_frame
+
+PROG = "netclaim-publisher"
 
 DEFAULT_STATE_DIR = "/var/lib/netclaim/publisher"
 DEFAULT_METRICS = "127.0.0.1:9464"
@@ -26,17 +33,79 @@ socket_option = click.option(
     show_default=True, help="Unix socket the plugin sends events to (created 0600, parent dir 0700).")
 
 
+def metrics_address_value(_ctx: Any, _param: Any, value: str) -> str:
+    """HOST:PORT (or empty: off), checked before anything starts."""
+    if not value:
+        return value
+    _host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT")
+    return value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-def main() -> None:
+@click.version_option(__version__, "--version", prog_name=PROG,
+                      message=f"%(prog)s %(version)s (wire protocol {PROTOCOL_VERSION})")
+def cli() -> None:
     """Publish pod network attachments (CNI results) into ResourceClaim.status.devices."""
 
 
-@main.command()
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: errors of the operator's making are one line, exit 2 (usage) or 1."""
+    try:
+        return int(cli.main(args=argv, prog_name=PROG, standalone_mode=False) or 0)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+        return 2
+    except click.ClickException as exc:
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see {ctx.command_path} --help)" if isinstance(exc, click.UsageError) and ctx else ""
+        click.echo(f"{PROG}: error: {one_line(exc.format_message())}{hint}", err=True)
+        return exc.exit_code
+    except click.Abort:
+        click.echo(f"{PROG}: aborted", err=True)
+        return 1
+
+
+def one_line(text: str) -> str:
+    """Collapse a multi-line message (YAML parser errors, API Status) into one line."""
+    return " ".join(str(text).split())
+
+
+def config_error(what: str, exc: BaseException) -> click.ClickException:
+    return click.ClickException(f"{what}: {one_line(str(exc)) or type(exc).__name__}")
+
+
+def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
+    """The API client, or one clear line about why the credential cannot be used."""
+    from kubernetes.config import ConfigException
+
+    from .kube import load_client
+
+    if kubeconfig:
+        paths = [p for p in kubeconfig.split(os.pathsep) if p]
+        if not any(os.path.isfile(p) for p in paths):
+            raise click.ClickException(f"kubeconfig {kubeconfig}: no such file")
+        what = f"kubeconfig {kubeconfig}"
+    else:
+        what = "no --kubeconfig or KUBECONFIG given and the in-cluster service account is unusable"
+    try:
+        return load_client(kubeconfig, pool_size=pool_size)
+    except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise config_error(what, exc) from None
+    except Exception as exc:  # yaml.YAMLError and friends: a broken file, not a bug here
+        if type(exc).__module__.startswith("yaml"):
+            raise config_error(what, exc) from None
+        raise
+
+
+@cli.command()
 @click.option("--node-name", envvar="NETCLAIM_NODE_NAME", show_envvar=True, required=True,
               help="This node's name: the field manager is netclaim/<node>, and only claims allocated "
                    "to this node are written.")
-@click.option("--kubeconfig", envvar="NETCLAIM_KUBECONFIG", show_envvar=True, default=None,
-              help="Kubeconfig file; without it the in-cluster service account is used.")
+@click.option("--kubeconfig", envvar=["NETCLAIM_KUBECONFIG", "KUBECONFIG"], show_envvar=True, default=None,
+              help="Kubeconfig file (KUBECONFIG may list several, colon-separated, as for kubectl); "
+                   "without it the in-cluster service account is used.")
 @socket_option
 @click.option("--state-dir", envvar="NETCLAIM_STATE_DIR", show_envvar=True, default=DEFAULT_STATE_DIR,
               show_default=True, help="Directory of the SQLite journal (pending events, desired state).")
@@ -44,7 +113,8 @@ def main() -> None:
               show_default=True, help="Where the plugin spools events while the publisher is down; "
                                       "ingested at start and every few seconds.")
 @click.option("--metrics-address", envvar="NETCLAIM_METRICS_ADDRESS", show_envvar=True, default=DEFAULT_METRICS,
-              show_default=True, help="HOST:PORT serving /metrics, /healthz and /readyz (empty: off).")
+              show_default=True, callback=metrics_address_value,
+              help="HOST:PORT serving /metrics, /healthz and /readyz (empty: off).")
 @click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
               type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON (one event a line) or text.")
 @click.option("--log-level", envvar="NETCLAIM_LOG_LEVEL", show_envvar=True, default="info", show_default=True,
@@ -77,8 +147,10 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, resync_interval: float,
         retry_max_delay: float, emit_events: bool) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
+    import sqlite3
+
     from . import logs
-    from .kube import Kube, load_client
+    from .kube import Kube
     from .metrics import HealthServer, Metrics
     from .server import SocketServer
     from .service import Service, Settings
@@ -86,13 +158,17 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     limit_malloc_arenas()
     log = logs.setup(log_format, log_level)
     metrics = Metrics()
-    kube = Kube(load_client(kubeconfig, pool_size=workers + 4), metrics.record_api)
+    kube = Kube(api_client_for(kubeconfig, workers + 4), metrics.record_api)
     settings = Settings(node_name=node_name, state_dir=state_dir, spool_dir=spool_dir, workers=workers,
                         resolve_timeout=resolve_timeout, resync_interval=resync_interval,
                         retry_cap=retry_max_delay, emit_events=emit_events)
-    service = Service(settings, kube, metrics)
-    server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
-    health = HealthServer(metrics_address, metrics, service.ready) if metrics_address else None
+    try:
+        service = Service(settings, kube, metrics)
+        server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
+        health = HealthServer(metrics_address, metrics, service.ready) if metrics_address else None
+    except (OSError, sqlite3.Error) as exc:
+        raise config_error("cannot start", exc) from None
+    metrics.watch_backlog(spool_dir, lambda: (service.journal.oldest_pending() or {}).get("received"))
     done = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -147,7 +223,7 @@ def _age(ts: float | None) -> str:
     return "-" if not ts else f"{time.time() - ts:.1f}s ago"
 
 
-@main.command()
+@cli.command()
 @socket_option
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Human summary or the raw JSON answer.")
@@ -181,18 +257,10 @@ def status(socket_path: str, output: str) -> None:
             click.echo(f"  {f['op']} {f['containerID'][:12]}/{f['ifname']}: {f['error']}")
 
 
-@main.command()
+@cli.command()
 def version() -> None:
-    """Print the publisher's version and wire protocol version."""
-    from importlib.metadata import PackageNotFoundError, version as pkg_version
-
-    from cni_plugin.wire import PROTOCOL_VERSION
-
-    try:
-        v = pkg_version("netclaim")
-    except PackageNotFoundError:
-        v = "unknown"
-    click.echo(f"netclaim-publisher {v} (wire protocol {PROTOCOL_VERSION})")
+    """Print the publisher's version and wire protocol version (same as --version)."""
+    click.echo(f"{PROG} {__version__} (wire protocol {PROTOCOL_VERSION})")
 
 
 if __name__ == "__main__":
