@@ -3,7 +3,7 @@
 #
 #   scripts/install.sh --conflist FILE --driver-name NAME [options]   install or update
 #   scripts/install.sh --conflist FILE --uninstall [--cni-bin-dir DIR] remove again
-#   scripts/install.sh --print [options]                              show the entry and launcher
+#   scripts/install.sh --print [options]                              show the plugin and the entry
 #
 # Options:
 #   --cni-bin-dir DIR      where the runtime looks for plugins (default /opt/cni/bin)
@@ -15,24 +15,26 @@
 #   --state-dir DIR        the publisher's state directory (created 0700)
 #   --log-file FILE        the plugin's log file (JSON lines)
 #   --failure-policy P     Ignore (default: a pod never fails because of netclaim) or Fail
-#   --python PATH          interpreter that can import the netclaim package
-#                          (default: the repository's .venv/bin/python)
-#   --plugin-path DIR      the directory holding the cni_plugin package (stdlib only), put first
-#                          on the plugin's sys.path (default: this checkout)
+#   --bundle FILE          the self-contained plugin executable to install (default: `netclaim`
+#                          beside this script, as in the image, else what scripts/build-plugin.sh
+#                          builds from this checkout)
+#   --python PATH          interpreter for this installer's conflist editor only (default: python3);
+#                          the installed plugin needs no Python
 #   --host-root DIR        the node's root file system is mounted at DIR (an init container):
-#                          every path above is the node's path; files are written under DIR and
-#                          the interpreter is checked for presence only (it cannot run here)
-#   --uninstall            remove the netclaim entry (restoring the original file) and the launcher
-#   --print                print the launcher and the entry without touching anything
+#                          every path above is the node's path; files are written under DIR
+#   --uninstall            remove the netclaim entry (restoring the original file) and the plugin
+#   --print                print what would be installed and the entry without touching anything
 #
-# The launcher DIR/netclaim is a small Python script with a `#!PYTHON -IS` line:
-# the runtime executes plugins by name from the CNI bin dir, and the plugin is
-# Python, so the launcher pins the interpreter and the package directory. The conflist is edited by conflist_edit.py
-# (atomic write, backup of the original, refuses what it cannot parse).
+# DIR/netclaim is one fully static executable (scripts/build-plugin.sh): the
+# Python package cni_plugin/ frozen into an embedded interpreter. It needs no
+# Python, no shared library and no file on the node, and points at nothing
+# (no source checkout). It is written atomically (temp file + rename, 0755), so
+# a runtime starting the plugin meanwhile runs either the old or the new one.
+# The conflist is edited by conflist_edit.py (atomic write, backup of the
+# original, refuses what it cannot parse).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/.." && pwd)"
 
 CNI_BIN_DIR=/opt/cni/bin
 CONFLIST=""
@@ -43,8 +45,8 @@ SPOOL_DIR=""
 STATE_DIR=""
 LOG_FILE=""
 FAILURE_POLICY=""
-PYTHON="$ROOT/.venv/bin/python"
-PLUGIN_PATH=""
+BUNDLE=""
+PYTHON=python3
 HOST_ROOT=""
 ACTION=install
 
@@ -65,8 +67,9 @@ parse_args() {
             --state-dir) STATE_DIR="${2:?--state-dir needs a value}"; shift 2 ;;
             --log-file) LOG_FILE="${2:?--log-file needs a value}"; shift 2 ;;
             --failure-policy) FAILURE_POLICY="${2:?--failure-policy needs a value}"; shift 2 ;;
+            --bundle) BUNDLE="${2:?--bundle needs a value}"; shift 2 ;;
             --python) PYTHON="${2:?--python needs a value}"; shift 2 ;;
-            --plugin-path) PLUGIN_PATH="${2:?--plugin-path needs a value}"; shift 2 ;;
+            --plugin-path) log "--plugin-path is ignored: the plugin is a self-contained executable"; shift 2 ;;
             --host-root) HOST_ROOT="${2:?--host-root needs a value}"; shift 2 ;;
             --uninstall) ACTION=uninstall; shift ;;
             --print) ACTION=print; shift ;;
@@ -80,23 +83,24 @@ parse_args() {
     return 0
 }
 
-# The one place that decides how the plugin is started: the plugin's own
-# cni_plugin.launcher renders the launcher (a `#!PYTHON -IS` script that puts
-# the package's directory on sys.path: no site import, no PYTHON* variables,
-# the lean start the plugin is built for). Here we only choose which Python
-# renders it and which package directory the node's interpreter will use.
-RENDER='import sys
-sys.path.insert(0, sys.argv[3])
-from cni_plugin.launcher import render, package_root
-sys.stdout.write(render(sys.argv[1], sys.argv[2] or package_root()))'
-
-launcher_text() {
-    if [[ -n "$HOST_ROOT" ]]; then
-        # The node's interpreter cannot run here; the plugin code is the copy on the node.
-        python3 -I -c "$RENDER" "$PYTHON" "$PLUGIN_PATH" "$(host "$PLUGIN_PATH")"
-    else
-        "$PYTHON" -I -c "$RENDER" "$PYTHON" "$PLUGIN_PATH" "${PLUGIN_PATH:-$ROOT}"
+# The one place that decides what the runtime executes: the self-contained
+# plugin. An explicit --bundle wins; an install kit (the image) carries it
+# beside this script; a source checkout builds it (cached) with build-plugin.sh.
+resolve_bundle() {
+    if [[ -z "$BUNDLE" ]]; then
+        if [[ -f "$HERE/netclaim" ]]; then
+            BUNDLE="$HERE/netclaim"
+        elif [[ -x "$HERE/build-plugin.sh" ]]; then
+            BUNDLE="$("$HERE/build-plugin.sh")" || die "scripts/build-plugin.sh failed"
+        else
+            die "no plugin executable: pass --bundle FILE"
+        fi
     fi
+    [[ -f "$BUNDLE" && -x "$BUNDLE" ]] || die "plugin executable $BUNDLE not found or not executable (use --bundle)"
+    # It must answer as a CNI plugin here, with nothing from this environment.
+    local answer
+    answer="$(printf '{}' | env -i CNI_COMMAND=VERSION "$BUNDLE" 2>/dev/null)" || true
+    [[ "$answer" == *'"supportedVersions"'* ]] || die "$BUNDLE does not answer VERSION as a CNI plugin"
 }
 
 # The plugin config fields, as conflist_edit.py --set pairs (empty ones are dropped).
@@ -111,27 +115,14 @@ entry_args() {
     )
 }
 
-# The stdlib-only editor runs with the plugin's interpreter when it exists, so a
-# node needs no second Python; on uninstall that interpreter may already be gone.
+# The stdlib-only conflist editor is part of the installer, not of the plugin.
 editor_python() {
-    if [[ -z "$HOST_ROOT" && -x "$PYTHON" ]]; then printf '%s' "$PYTHON"; else printf 'python3'; fi
+    command -v "$PYTHON" >/dev/null 2>&1 || die "interpreter $PYTHON for the conflist editor not found (use --python)"
+    printf '%s' "$PYTHON"
 }
 
 # host PATH: where the node's PATH is, as seen by this script.
 host() { printf '%s%s' "$HOST_ROOT" "$1"; }
-
-check_interpreter() {
-    [[ "$PYTHON" != *[[:space:]]* ]] || die "--python $PYTHON: a path with spaces cannot go on a #! line"
-    [[ -x "$(host "$PYTHON")" ]] || die "interpreter $PYTHON not found or not executable (use --python)"
-    if [[ -n "$HOST_ROOT" ]]; then
-        [[ -n "$PLUGIN_PATH" ]] || die "--host-root needs --plugin-path (the plugin code's directory on the node)"
-        [[ -f "$(host "$PLUGIN_PATH")/cni_plugin/__init__.py" ]] || die "no cni_plugin package under $PLUGIN_PATH on the node"
-        return 0
-    fi
-    # Exactly the import the launcher will do: -I -S, package directory first.
-    "$PYTHON" -I -S -c 'import sys; sys.path.insert(0, sys.argv[1]); import cni_plugin.main' "${PLUGIN_PATH:-$ROOT}" \
-        || die "$PYTHON cannot import cni_plugin.main from ${PLUGIN_PATH:-$ROOT} (use --plugin-path)"
-}
 
 # Private directories: the socket dir and the spool hold what pods' networking
 # looks like and accept events, so only root may enter them.
@@ -141,26 +132,31 @@ make_private_dir() {
     chmod 0700 "$(host "$1")"
 }
 
-write_launcher() {
+# Temp file in the target directory + rename: a runtime exec'ing the plugin
+# meanwhile sees the old or the new file, never a partial one.
+write_plugin() {
     local dir target tmp
     dir="$(host "$CNI_BIN_DIR")"
     target="$dir/netclaim"
     mkdir -p "$dir"
     tmp="$(mktemp "$dir/.netclaim.XXXXXX")"
-    launcher_text >"$tmp"
-    chmod 0755 "$tmp"
+    if ! cp "$BUNDLE" "$tmp" || ! chmod 0755 "$tmp"; then
+        rm -f "$tmp"
+        die "cannot write $target"
+    fi
     mv -f "$tmp" "$target"
-    log "launcher $target -> $PYTHON"
+    log "plugin $target (self-contained, $(wc -c <"$target") bytes)"
 }
 
 do_install() {
-    check_interpreter
+    editor_python >/dev/null
+    resolve_bundle
     [[ -f "$(host "$CONFLIST")" ]] || die "conflist $CONFLIST not found"
     # Edit the conflist first: if it is refused, nothing else has changed.
     entry_args
     "$(editor_python)" "$HERE/conflist_edit.py" install --conflist "$(host "$CONFLIST")" "${ENTRY_ARGS[@]}" >/dev/null \
         || die "conflist $CONFLIST was not changed"
-    write_launcher
+    write_plugin
     [[ -n "$SOCKET" ]] && make_private_dir "$(dirname "$SOCKET")"
     make_private_dir "$SPOOL_DIR"
     make_private_dir "$STATE_DIR"
@@ -175,8 +171,9 @@ do_uninstall() {
 }
 
 do_print() {
-    printf '# %s/netclaim\n' "$CNI_BIN_DIR"
-    launcher_text
+    resolve_bundle
+    printf '# %s/netclaim <- %s (%s bytes, sha256 %s)\n' "$CNI_BIN_DIR" "$BUNDLE" "$(wc -c <"$BUNDLE")" \
+        "$(sha256sum "$BUNDLE" | cut -c1-16)"
     printf '# conflist entry\n'
     entry_args
     "$(editor_python)" "$HERE/conflist_edit.py" entry "${ENTRY_ARGS[@]}"
