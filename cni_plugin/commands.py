@@ -7,8 +7,6 @@ when needed), hands an event to the publisher and returns the JSON to print
 
 from __future__ import annotations
 
-import os
-
 from . import handoff, results, wire
 from . import state as state_store
 from .config import LATEST_VERSION, SUPPORTED_VERSIONS, Env, NetConf
@@ -86,7 +84,42 @@ def cmd_add(env: Env, conf: NetConf, log: Log) -> dict[str, Any]:
 
 
 def cmd_del(env: Env, conf: NetConf, log: Log) -> None:
-    """Best effort and idempotent: no netns, no state, no prevResult, no publisher are all fine."""
+    """Best effort and idempotent: no netns, no state, no prevResult, no publisher are all fine.
+
+    Each step runs on its own, so a failure in one (a corrupt state file, a
+    restore the kernel refuses, a full spool) still lets the others record
+    what they can; main() turns anything left into a log line and exit 0.
+    """
+    restored = False
+    if conf.name:
+        restored = _best_effort(log, "state restore", lambda: _restore_state(env, conf, log))
+    else:
+        log.warning("no valid network name: plugin state not looked up")
+    current = None
+    if conf.prev_result is not None:
+        try:
+            results.validate(conf.prev_result)
+            current = results.to_current(conf.prev_result)
+        except Exception as exc:  # noqa: BLE001 - DEL reports without it rather than fail
+            log.warning("ignoring invalid prevResult on DEL", error=getattr(exc, "msg", repr(exc)))
+    if not conf.driver:
+        log.error("DEL event not handed off: no valid driverName")
+        return None
+    outcome = _best_effort(log, "hand-off", lambda: handoff.deliver(_event("DEL", env, conf, result=current), conf,
+                                                                     log, may_fail=False))
+    log.info("DEL done", handoff=outcome, restored=restored)
+    return None
+
+
+def _best_effort(log: Log, step: str, action: Any) -> Any:
+    try:
+        return action()
+    except Exception as exc:  # noqa: BLE001 - DEL records what it can and goes on
+        log.error(f"DEL: {step} failed", error=f"{type(exc).__name__}: {exc}"[:512])
+        return None
+
+
+def _restore_state(env: Env, conf: NetConf, log: Log) -> bool:
     path = _state_path(env, conf)
     saved = state_store.load(path)
     if saved is not None and env.netns:
@@ -99,16 +132,7 @@ def cmd_del(env: Env, conf: NetConf, log: Log) -> None:
         if failed:
             log.warning("restore incomplete", failed=failed)
     state_store.remove(path)
-    current = None
-    if conf.prev_result is not None:
-        try:
-            results.validate(conf.prev_result)
-            current = results.to_current(conf.prev_result)
-        except CNIError as exc:
-            log.warning("ignoring invalid prevResult on DEL", error=exc.msg)
-    outcome = handoff.deliver(_event("DEL", env, conf, result=current), conf, log, may_fail=False)
-    log.info("DEL done", handoff=outcome, restored=saved is not None)
-    return None
+    return saved is not None
 
 
 def cmd_check(env: Env, conf: NetConf, log: Log) -> None:
@@ -156,23 +180,19 @@ def cmd_gc(env: Env, conf: NetConf, log: Log) -> None:
     return None
 
 
-def _writable_dir(path: str) -> bool:
-    """True when `path` is a writable dir, or could be created under one."""
-    while path and path != "/":
-        if os.path.isdir(path):
-            return os.access(path, os.W_OK | os.X_OK)
-        if os.path.exists(path):
-            return False
-        path = os.path.dirname(path)
-    return os.access("/", os.W_OK | os.X_OK)
-
-
 def cmd_status(env: Env, conf: NetConf, log: Log) -> None:
-    """Ready for ADD when an event can be handed off: socket present or spool writable."""
-    if os.path.exists(conf.socket_path) or _writable_dir(conf.spool_dir):
+    """Under failurePolicy Fail: not ready (50) when an ADD would fail now, i.e. the
+    publisher's socket does not accept a connection and the spool cannot take an
+    event (dir not creatable/writable, or at its cap). Under Ignore an ADD never
+    fails on the hand-off, so STATUS is always ready."""
+    if conf.failure_policy != "Fail":
         return None
-    raise CNIError(NOT_AVAILABLE, "netclaim is not ready: no publisher socket and the spool dir is not writable",
-                   f"socketPath={conf.socket_path} spoolDir={conf.spool_dir}")
+    if handoff.socket_accepts(conf.socket_path, conf.ack_timeout):
+        return None
+    if wire.spool_has_room(conf.spool_dir, conf.spool_max_files, conf.spool_max_bytes):
+        return None
+    raise CNIError(NOT_AVAILABLE, "netclaim is not ready: the publisher socket refuses connections and the spool "
+                   "cannot take an event", f"socketPath={conf.socket_path} spoolDir={conf.spool_dir}")
 
 
 def cmd_version() -> dict[str, Any]:

@@ -33,6 +33,8 @@ DEFAULT_SPOOL_DIR = "/var/lib/netclaim/spool"
 DEFAULT_STATE_DIR = "/var/lib/netclaim/plugin-state"
 DEFAULT_LOG_FILE = "/var/log/netclaim/plugin.log"
 DEFAULT_ACK_TIMEOUT_MS = 1000
+DEFAULT_SPOOL_MAX_FILES = 1024
+DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 FAILURE_POLICIES = ("Ignore", "Fail")
 
 _NAME_FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
@@ -58,7 +60,7 @@ def check_ifname(value: str) -> str | None:
     """Linux interface name rules (as libcni's ValidateInterfaceName); None when valid."""
     if not value:
         return "is empty"
-    if len(value.encode("utf-8", "surrogatepass")) > _IFNAME_MAX:
+    if len(value.encode("utf-8", "surrogateescape")) > _IFNAME_MAX:
         return f"is longer than {_IFNAME_MAX} bytes"
     if value in (".", ".."):
         return "may not be . or .."
@@ -107,6 +109,25 @@ def parse_cni_args(raw: str) -> dict[str, str]:
     return args
 
 
+_ENV_NAMES = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
+
+
+def _check_env_text(environ: Mapping[str, str]) -> None:
+    """Every CNI_* value must be something the OS can carry: no NUL, and
+    encodable the way os.environ decoded it (UTF-8 + surrogateescape). A lone
+    surrogate or NUL would otherwise surface later as an OS call's ValueError."""
+    for name in _ENV_NAMES:
+        value = environ.get(name)
+        if not value:
+            continue
+        if "\x00" in value:
+            raise CNIError(INVALID_ENVIRONMENT, f"{name} may not contain NUL")
+        try:
+            value.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise CNIError(INVALID_ENVIRONMENT, f"{name} is not valid text (lone surrogate)") from None
+
+
 _REQUIRED_ENV = {
     "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
     "DEL": ("CNI_CONTAINERID", "CNI_IFNAME"),
@@ -121,6 +142,7 @@ def parse_env(environ: Mapping[str, str]) -> Env:
         raise CNIError(INVALID_ENVIRONMENT, "CNI_COMMAND is not set")
     if command not in COMMANDS:
         raise CNIError(INVALID_ENVIRONMENT, f"unknown CNI_COMMAND {command!r}")
+    _check_env_text(environ)
     for name in _REQUIRED_ENV.get(command, ()):
         if not environ.get(name):
             raise CNIError(INVALID_ENVIRONMENT, f"{name} is required for {command}")
@@ -206,7 +228,8 @@ class NetConf:
     """The `"type": "netclaim"` entry of a conflist, as the runtime passed it."""
 
     __slots__ = ("cni_version", "name", "driver", "request", "socket_path", "spool_dir", "state_dir",
-                 "log_file", "failure_policy", "ack_timeout", "interface", "prev_result", "raw")
+                 "log_file", "failure_policy", "ack_timeout", "spool_max_files", "spool_max_bytes", "interface",
+                 "prev_result", "raw")
 
     def __init__(self, cni_version: str, name: str, driver: str, request: str = "",
                  socket_path: str = DEFAULT_SOCKET, spool_dir: str = DEFAULT_SPOOL_DIR,
@@ -224,6 +247,8 @@ class NetConf:
         self.log_file = log_file
         self.failure_policy = failure_policy
         self.ack_timeout = ack_timeout
+        self.spool_max_files = DEFAULT_SPOOL_MAX_FILES
+        self.spool_max_bytes = DEFAULT_SPOOL_MAX_BYTES
         self.interface = interface
         self.prev_result = prev_result
         self.raw = raw or {}
@@ -238,11 +263,24 @@ def _string(raw: dict[str, Any], key: str, default: str, *, required: bool = Fal
         return default
     if not isinstance(value, str) or (required and not value):
         raise config_error(key, "must be a non-empty string" if required else "must be a string")
-    if "\x00" in value:
-        raise config_error(key, "may not contain NUL")
+    _check_text(value, key)
     if absolute_path and not value.startswith("/"):
         raise config_error(key, "must be an absolute path")
     return value or default
+
+
+def _check_text(value: str, field: str) -> None:
+    """Strings that reach the OS (paths, names, sysctl values) must be NUL-free UTF-8.
+
+    JSON can carry a lone surrogate (`"\\ud800"`), which no file name, netlink
+    attribute or log consumer can represent; it is a config error, not a crash.
+    """
+    if "\x00" in value:
+        raise config_error(field, "may not contain NUL")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise config_error(field, "is not valid UTF-8 text (lone surrogate)") from None
 
 
 def _int(block: dict[str, Any], key: str, field: str, lo: int, hi: int) -> int | None:
@@ -279,6 +317,7 @@ def sysctl_path_parts(key: str) -> list[str]:
     parts = key.split(".")
     if len(parts) < 2 or parts[0] != "net":
         raise config_error(f"interface.sysctl[{key!r}]", "must be a key under net. (/proc/sys/net)")
+    _check_text(key, f"interface.sysctl[{key!r}]")
     for part in parts:
         if not part or part in ("..",) or "/" in part or "\x00" in part or part.strip() != part:
             raise config_error(f"interface.sysctl[{key!r}]", "is not a valid sysctl key")
@@ -306,7 +345,8 @@ def parse_interface(block: object) -> InterfaceConf | None:
     if alt is not None:
         if not isinstance(alt, str):
             raise config_error("interface.altName", "must be a string")
-        if not alt or len(alt.encode("utf-8", "surrogatepass")) > 127 or any(c in "/:" or c.isspace() for c in alt) \
+        _check_text(alt, "interface.altName")
+        if not alt or len(alt.encode("utf-8")) > 127 or any(c in "/:" or c.isspace() for c in alt) \
                 or alt in (".", ".."):
             raise config_error("interface.altName", "must be 1-127 bytes without '/', ':' or whitespace")
         conf.alt_name = alt
@@ -323,10 +363,18 @@ def parse_interface(block: object) -> InterfaceConf | None:
             if isinstance(value, bool) or not isinstance(value, (str, int)):
                 raise config_error(f"interface.sysctl[{key!r}]", "value must be a string or integer")
             value = str(value)
-            if "\n" in value or "\x00" in value:
+            _check_text(value, f"interface.sysctl[{key!r}]")
+            if "\n" in value:
                 raise config_error(f"interface.sysctl[{key!r}]", "value may not contain newlines")
             conf.sysctl[key] = value
     return conf
+
+
+def _driver(raw: dict[str, Any]) -> str:
+    driver = _string(raw, "driverName", "", required=True)
+    if len(driver) > 63:
+        raise config_error("driverName", "must be at most 63 characters (a DNS subdomain)")
+    return driver
 
 
 def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetConf:
@@ -345,7 +393,7 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
     conf = NetConf(
         cni_version,
         name,
-        _string(raw, "driverName", "", required=True),
+        _driver(raw),
         request=_string(raw, "request", ""),
         socket_path=_string(raw, "socketPath", DEFAULT_SOCKET, absolute_path=True),
         spool_dir=_string(raw, "spoolDir", DEFAULT_SPOOL_DIR, absolute_path=True),
@@ -353,8 +401,6 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
         log_file=_string(raw, "logFile", DEFAULT_LOG_FILE, absolute_path=True),
         raw=raw,
     )
-    if len(conf.driver) > 63:
-        raise config_error("driverName", "must be at most 63 characters (a DNS subdomain)")
     policy = raw.get("failurePolicy", "Ignore")
     if policy not in FAILURE_POLICIES:
         raise config_error("failurePolicy", f"must be one of {', '.join(FAILURE_POLICIES)}, not {policy!r}")
@@ -362,6 +408,8 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
     timeout = _int(raw, "ackTimeoutMs", "ackTimeoutMs", 1, 60000)
     if timeout is not None:
         conf.ack_timeout = timeout / 1000
+    conf.spool_max_files = _int(raw, "spoolMaxFiles", "spoolMaxFiles", 1, 1 << 24) or DEFAULT_SPOOL_MAX_FILES
+    conf.spool_max_bytes = _int(raw, "spoolMaxBytes", "spoolMaxBytes", 4096, 1 << 40) or DEFAULT_SPOOL_MAX_BYTES
     conf.interface = parse_interface(raw.get("interface"))
     prev = raw.get("prevResult")
     if prev is not None and not isinstance(prev, dict):
@@ -370,3 +418,44 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
         raise config_error("prevResult", f"is required for {command}: netclaim must be chained after the plugins that create the interface")
     conf.prev_result = prev
     return conf
+
+
+def tolerant_netconf(raw: dict[str, Any]) -> tuple[NetConf, list[str]]:
+    """DEL's reading of a config that failed validation: what it can use.
+
+    Every field that validates is kept, every other one falls back to its
+    default ("" for name and driverName, which makes DEL skip the state lookup
+    or the hand-off that needs them). Returns the config and the problems found.
+    """
+    problems: list[str] = []
+
+    def keep(parse: Any, default: Any) -> Any:
+        try:
+            return parse()
+        except CNIError as exc:
+            problems.append(exc.msg)
+            return default
+
+    version = raw.get("cniVersion")
+    name = raw.get("name")
+    conf = NetConf(
+        version if version in SUPPORTED_VERSIONS else LATEST_VERSION,
+        name if isinstance(name, str) and is_cni_name(name) else "",
+        keep(lambda: _driver(raw), ""),
+        request=keep(lambda: _string(raw, "request", ""), ""),
+        socket_path=keep(lambda: _string(raw, "socketPath", DEFAULT_SOCKET, absolute_path=True), DEFAULT_SOCKET),
+        spool_dir=keep(lambda: _string(raw, "spoolDir", DEFAULT_SPOOL_DIR, absolute_path=True), DEFAULT_SPOOL_DIR),
+        state_dir=keep(lambda: _string(raw, "stateDir", DEFAULT_STATE_DIR, absolute_path=True), DEFAULT_STATE_DIR),
+        log_file=keep(lambda: _string(raw, "logFile", DEFAULT_LOG_FILE, absolute_path=True), DEFAULT_LOG_FILE),
+        raw=raw,
+    )
+    timeout = keep(lambda: _int(raw, "ackTimeoutMs", "ackTimeoutMs", 1, 60000), None)
+    if timeout is not None:
+        conf.ack_timeout = timeout / 1000
+    conf.spool_max_files = keep(lambda: _int(raw, "spoolMaxFiles", "spoolMaxFiles", 1, 1 << 24), None) \
+        or DEFAULT_SPOOL_MAX_FILES
+    conf.spool_max_bytes = keep(lambda: _int(raw, "spoolMaxBytes", "spoolMaxBytes", 4096, 1 << 40), None) \
+        or DEFAULT_SPOOL_MAX_BYTES
+    prev = raw.get("prevResult")
+    conf.prev_result = prev if isinstance(prev, dict) else None
+    return conf, problems

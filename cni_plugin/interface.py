@@ -164,32 +164,67 @@ def _apply(nl: RtNetlink, link: Link, conf: InterfaceConf, ifname: str) -> None:
             raise _tag(exc, f"sysctl[{key!r}]") from None
 
 
+SYSCTL_ROOT = "/proc/sys/net/"
+
+
+def restorable_sysctl(path: object) -> str | None:
+    """The path if DEL may write it: a string whose realpath is under /proc/sys/net.
+
+    The state file is the plugin's own, but DEL runs as root on whatever it
+    finds there, so a file naming any other path (planted, corrupt, or with
+    `..`/symlinks) must never become a root write elsewhere.
+    """
+    if not isinstance(path, str) or "\x00" in path:
+        return None
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        return None
+    return real if real.startswith(SYSCTL_ROOT) else None
+
+
 def _restore(nl: RtNetlink, ifname: str, original: dict[str, Any]) -> list[str]:
-    """Put back every recorded original; best effort, returns what failed."""
-    failed = []
+    """Put back every recorded original; best effort, returns what failed or was refused."""
+    failed: list[str] = []
+    if not isinstance(original, dict):
+        return ["state: 'original' is not an object"]
     link = nl.get_link(ifname)
     if link is None:
         return failed
-    for path, value in original.get("sysctl", {}).items():
+    sysctl = original.get("sysctl", {})
+    for path, value in (sysctl.items() if isinstance(sysctl, dict) else ()):
+        target = restorable_sysctl(path)
+        if target is None or not isinstance(value, str):
+            failed.append(f"refused: {str(path)[:200]!r} is not a /proc/sys/net path with a string value")
+            continue
         try:
-            _write_sysctl(path, value)
+            _write_sysctl(target, value)
         except OSError as exc:
-            failed.append(f"{path}: {exc.strerror}")
+            failed.append(f"{target}: {exc.strerror}")
     actions = (
-        ("up", lambda v: nl.set_link(link.index, up=v)),
-        ("altNameAdded", lambda v: nl.alt_name(link.index, v, add=False)),
-        ("mac", lambda v: nl.set_mac(link, v)),
-        ("txQueueLen", lambda v: nl.set_link(link.index, txqlen=v)),
-        ("mtu", lambda v: nl.set_link(link.index, mtu=v)),
+        ("up", bool, lambda v: nl.set_link(link.index, up=v)),
+        ("altNameAdded", str, lambda v: nl.alt_name(link.index, v, add=False)),
+        ("mac", str, lambda v: nl.set_mac(link, v)),
+        ("txQueueLen", int, lambda v: nl.set_link(link.index, txqlen=v)),
+        ("mtu", int, lambda v: nl.set_link(link.index, mtu=v)),
     )
-    for key, action in actions:
-        if key in original:
-            try:
-                action(original[key])
-            except OSError as exc:
-                if not (key == "altNameAdded" and exc.errno in (2, 19, 61)):
-                    failed.append(f"{key}: {exc.strerror}")
+    for key, kind, action in actions:
+        if key not in original:
+            continue
+        try:
+            action(_typed(original[key], kind, key))
+        except OSError as exc:
+            if not (key == "altNameAdded" and exc.errno in (2, 19, 61)):
+                failed.append(f"{key}: {exc.strerror}")
+        except (ValueError, TypeError, OverflowError, UnicodeError) as exc:
+            failed.append(f"{key}: refused: {exc}"[:300])
     return failed
+
+
+def _typed(value: object, kind: type, key: str) -> Any:
+    if type(value) is not kind:
+        raise ValueError(f"state value of {key} is not a {kind.__name__}")
+    return value
 
 
 def restore(netns: str, ifname: str, saved: dict[str, Any]) -> list[str]:

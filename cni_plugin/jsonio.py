@@ -4,8 +4,16 @@
 whole interpreter start-up on these machines (measured: ~10 ms on a ~10 ms
 floor). The C accelerator `_json` that `json` itself uses is cheap to load, so
 the plugin drives it directly. Semantics match `json.loads`/`json.dumps` with
-`ensure_ascii=True`, except that NaN/Infinity are rejected (CNI configs come
-from Go, which never produces them).
+`ensure_ascii=True`, except that NaN/Infinity, and numbers that overflow a
+float to infinity (`1e999`), are rejected: CNI configs come from Go, which
+never produces them and refuses to decode them.
+
+`_json` is an interpreter internal, not a public API, and it is not total: on
+some malformed documents (an unterminated string, a missing ':') it reports
+the error through `json.decoder`, which the plugin never imports, and fails
+with SystemError instead. So `loads` trusts the fast scanner only when it
+succeeds; on any failure it re-parses with the standard `json` module, on the
+error path only, and reports what that says. The hot path stays import-free.
 """
 
 from __future__ import annotations
@@ -26,6 +34,13 @@ def _reject_constant(name: str) -> None:
     raise JSONError(f"non-standard JSON constant {name}")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf (nan cannot come from a number literal)
+        raise JSONError(f"number {text[:32]} is out of range")
+    return value
+
+
 def _unserializable(obj: object) -> None:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
@@ -36,7 +51,7 @@ class _ScanContext:
     strict = True
     object_hook = None
     object_pairs_hook = None
-    parse_float = float
+    parse_float = staticmethod(_finite_float)
     parse_int = int
     parse_constant = staticmethod(_reject_constant)
     memo: dict = {}
@@ -50,28 +65,34 @@ if _json is not None:
 
 
 def loads(text: str) -> object:
-    """Parse exactly one JSON value from `text`."""
-    if _json is None:  # pragma: no cover
-        import json
-
+    """Parse exactly one JSON value from `text`; JSONError for anything else."""
+    if _json is not None:
+        start = len(text) - len(text.lstrip(_WS))
         try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise JSONError(str(exc)) from None
-    start = len(text) - len(text.lstrip(_WS))
+            value, end = _scan(text, start)
+        except Exception:  # noqa: BLE001 - any scanner failure: let json say why
+            pass
+        else:
+            if not text[end:].strip(_WS):
+                return value
+            raise JSONError(f"extra data after the JSON value at char {end}")
+    return _slow_loads(text)
+
+
+def _slow_loads(text: str) -> object:
+    """The error path (and the no-`_json` fallback): the standard decoder, same rules."""
+    import json
+
     try:
-        value, end = _scan(text, start)
-    except StopIteration as stop:
-        raise JSONError(f"expecting a JSON value at char {stop.value}") from None
+        return json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
     except RecursionError:
         raise JSONError("JSON nested too deeply") from None
     except JSONError:
         raise
-    except ValueError as exc:  # json.decoder.JSONDecodeError, raised by _json
+    except ValueError as exc:  # JSONDecodeError, int digit limit
         raise JSONError(str(exc)) from None
-    if text[end:].strip(_WS):
-        raise JSONError(f"extra data after the JSON value at char {end}")
-    return value
+    except Exception as exc:  # noqa: BLE001 - the decoder must be total
+        raise JSONError(f"undecodable JSON: {type(exc).__name__}") from None
 
 
 def dumps(value: object) -> str:

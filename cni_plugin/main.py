@@ -18,6 +18,7 @@ from .config import (
     decode_stdin,
     parse_env,
     parse_netconf,
+    tolerant_netconf,
     version_at_least,
 )
 from .errors import INCOMPATIBLE_VERSION, INTERNAL_ERROR, IO_FAILURE, CNIError
@@ -27,6 +28,8 @@ from .log import Log
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import IO, Any, Mapping
+
+    from .config import Env, NetConf
 
 _MIN_VERSION = {"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}
 
@@ -60,27 +63,149 @@ def run(environ: Mapping[str, str], stdin: IO[bytes], log: Log, reply: _Reply) -
         return cmd_version()
     raw = decode_stdin(data)
     reply.version = _reply_version(raw)
-    version = cni_version_of(raw)
-    minimum = _MIN_VERSION.get(env.command)
-    if minimum and not version_at_least(version, minimum):
-        raise CNIError(INCOMPATIBLE_VERSION, f"config version {version} does not allow {env.command}",
-                       f"{env.command} needs cniVersion >= {minimum}")
-    conf = parse_netconf(raw, version, env.command)
-    log.configure(conf.log_file)
-    pod = env.pod
-    log.bind(command=env.command, containerID=env.container_id, ifname=env.ifname, network=conf.name,
-             pod=f"{pod[0]}/{pod[1]}" if pod else None, podUID=pod[2] if pod else None)
+    if env.command == "DEL":
+        return _run_del(env, raw, log)
+    if env.command == "STATUS":
+        return _run_status(env, raw, log)
+    conf = _netconf(env, raw, log)
     from .commands import COMMANDS
 
     return COMMANDS[env.command](env, conf, log)
 
 
+def _netconf(env: Env, raw: dict[str, Any], log: Log) -> NetConf:
+    """The validated config (errors 1/7), with the log pointed at its logFile."""
+    version = cni_version_of(raw)
+    _check_verb_version(env.command, version)
+    conf = parse_netconf(raw, version, env.command)
+    _bind_log(log, env, conf)
+    return conf
+
+
+def _check_verb_version(command: str, version: str) -> None:
+    """A verb the config's cniVersion predates is the caller's protocol error (1)."""
+    minimum = _MIN_VERSION.get(command)
+    if minimum and not version_at_least(version, minimum):
+        raise CNIError(INCOMPATIBLE_VERSION, f"config version {version} does not allow {command}",
+                       f"{command} needs cniVersion >= {minimum}")
+
+
+def _bind_log(log: Log, env: Env, conf: NetConf) -> None:
+    log.configure(conf.log_file)
+    pod = env.pod
+    log.bind(command=env.command, containerID=env.container_id, ifname=env.ifname, network=conf.name or None,
+             pod=f"{pod[0]}/{pod[1]}" if pod else None, podUID=pod[2] if pod else None)
+
+
+def _run_del(env: Env, raw: dict[str, Any], log: Log) -> None:
+    """DEL never fails on netclaim's own problems (policy table in docs/plugin.md).
+
+    The runtime runs DEL in reverse chain order and stops at the first failure,
+    so an error here would keep bridge/IPAM from releasing the pod, forever.
+    A broken netclaim entry (bad field, unknown cniVersion) is cleaned up with
+    what can be read from it; any failure inside is logged; the exit is 0.
+    """
+    from .commands import cmd_del
+
+    try:
+        conf = _netconf(env, raw, log)
+    except CNIError as exc:
+        conf, problems = tolerant_netconf(raw)
+        _bind_log(log, env, conf)
+        log.error("DEL with an invalid config: cleaning up what it can, exiting 0", code=exc.code, msg=exc.msg,
+                  problems=problems)
+    try:
+        cmd_del(env, conf, log)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        _log_internal(log, "DEL failed; exiting 0 so the chain can still release the pod", exc)
+    return None
+
+
+def _run_status(env: Env, raw: dict[str, Any], log: Log) -> None:
+    """STATUS fails only under failurePolicy Fail, and only when an ADD would fail now.
+
+    A failing STATUS marks the node's network not ready (containerd), which
+    taints the node and evicts running pods: under Ignore netclaim must never
+    cause that, not even with a broken config of its own. A config version
+    that predates STATUS is the caller's protocol error and stays error 1.
+    """
+    if raw.get("cniVersion") in SUPPORTED_VERSIONS:
+        _check_verb_version(env.command, raw["cniVersion"])
+    try:
+        conf = _netconf(env, raw, log)
+    except CNIError as exc:
+        if raw.get("failurePolicy") == "Fail":
+            raise
+        log.error("STATUS: invalid config; ready anyway under failurePolicy Ignore", code=exc.code, msg=exc.msg)
+        return None
+    from .commands import cmd_status
+
+    return cmd_status(env, conf, log)
+
+
+def _log_internal(log: Log, event: str, exc: BaseException) -> None:
+    import traceback
+
+    log.error(event, error=repr(exc)[:512], traceback=traceback.format_exc())
+
+
+USAGE = """\
+netclaim {version}: chained CNI plugin that reports a pod's network attachment
+to netclaim-publisher (ResourceClaim.status.devices).
+
+It is run by a container runtime (containerd, CRI-O) as the last plugin of a
+conflist, with CNI_COMMAND and the other CNI_* variables in its environment and
+the network config on stdin; see docs/plugin.md.
+
+usage: netclaim [--help | --version]
+CNI protocol versions supported: {versions}
+"""
+
+
+def _by_hand(environ: Mapping[str, str], stdin: IO[bytes], argv: list[str]) -> bool:
+    """A runtime passes no arguments and never a terminal on stdin."""
+    if argv:
+        return True
+    if environ.get("CNI_COMMAND"):
+        return False
+    try:
+        return stdin.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _manual(argv: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> int:
+    """`netclaim --help`, `--version`, or run by hand: say what this is (like libcni's skel)."""
+    from . import __version__
+
+    if argv == ["--version"]:
+        stdout.write(f"netclaim {__version__}\nCNI protocol versions supported: {', '.join(SUPPORTED_VERSIONS)}\n".encode())
+        stdout.flush()
+        return 0
+    text = USAGE.format(version=__version__, versions=", ".join(SUPPORTED_VERSIONS)).encode()
+    if argv in (["--help"], ["-h"]):
+        stdout.write(text)
+        stdout.flush()
+        return 0
+    stderr.write(text)
+    stderr.flush()
+    return 2 if argv else 0
+
+
 def main(environ: Mapping[str, str] | None = None, stdin: IO[bytes] | None = None,
-         stdout: IO[bytes] | None = None) -> int:
-    """Run one CNI invocation; returns the exit code (console script: sys.exit(main()))."""
+         stdout: IO[bytes] | None = None, argv: list[str] | None = None) -> int:
+    """Run one CNI invocation; returns the exit code (console script: sys.exit(main())).
+
+    Tests drive it in-process with their own environ/stdin/stdout; then argv
+    defaults to none (pytest's own arguments are not the plugin's).
+    """
+    if argv is None:
+        argv = sys.argv[1:] if environ is None else []
     environ = os.environ if environ is None else environ
     stdin = sys.stdin.buffer if stdin is None else stdin
     stdout = sys.stdout.buffer if stdout is None else stdout
+    if _by_hand(environ, stdin, argv):
+        return _manual(argv, stdout, sys.stderr.buffer)
     log = Log()
     reply = _Reply()
     try:
@@ -92,10 +217,8 @@ def main(environ: Mapping[str, str] | None = None, stdin: IO[bytes] | None = Non
         error = exc
         log.error("command failed", code=error.code, msg=error.msg, details=error.details)
     except Exception as exc:  # noqa: BLE001 - the protocol needs JSON for every failure
-        import traceback
-
         error = CNIError(INTERNAL_ERROR, f"internal error: {type(exc).__name__}", str(exc)[:512])
-        log.error("internal error", error=repr(exc), traceback=traceback.format_exc())
+        _log_internal(log, "internal error", exc)
     finally:
         log.close()
     try:

@@ -21,6 +21,11 @@ NLMSG_DONE = 3
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLM_F_DUMP = 0x300
+NLM_F_DUMP_INTR = 0x10  # set on dump parts when the table changed mid-dump
+MSG_PEEK = 0x2
+MSG_TRUNC = 0x20
+EINTR = 4
+EMSGSIZE = 90
 NLM_F_CREATE = 0x400
 NLM_F_EXCL = 0x200
 NLM_F_APPEND = 0x800
@@ -104,13 +109,39 @@ class Link:
         return bool(self.flags & IFF_UP)
 
 
+class DumpInterrupted(Exception):
+    """The kernel flagged a dump part NLM_F_DUMP_INTR: the table changed while it was read."""
+
+
 class RtNetlink:
-    """One NETLINK_ROUTE socket in the netns that was current when it was opened."""
+    """One NETLINK_ROUTE socket in the netns that was current when it was opened.
+
+    Replies are read with a peek first (MSG_PEEK|MSG_TRUNC returns a datagram's
+    real size), so a reply larger than the buffer grows the buffer instead of
+    being silently cut; beyond MAX_BUFFER it is an error (EMSGSIZE). A dump the
+    kernel marks interrupted is read again, up to DUMP_RETRIES times.
+    """
+
+    BUFFER = 1 << 16
+    MAX_BUFFER = 1 << 22
+    DUMP_RETRIES = 5
 
     def __init__(self) -> None:
         self.sock = _socket.socket(AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, NETLINK_ROUTE)
         self.sock.bind((0, 0))
         self.seq = 0
+        self._buf = bytearray(self.BUFFER)
+
+    def _recv(self) -> bytes:
+        """One whole datagram (see the class docstring for truncation)."""
+        size = self.sock.recv_into(self._buf, len(self._buf), MSG_PEEK | MSG_TRUNC)
+        if size > len(self._buf):
+            if size > self.MAX_BUFFER:
+                self.sock.recv_into(self._buf, len(self._buf))  # drop it
+                raise OSError(EMSGSIZE, f"netlink reply of {size} bytes exceeds {self.MAX_BUFFER}")
+            self._buf = bytearray(size)
+        got = self.sock.recv_into(self._buf, len(self._buf))
+        return bytes(self._buf[:got])
 
     def close(self) -> None:
         self.sock.close()
@@ -128,19 +159,24 @@ class RtNetlink:
 
     def _replies(self, seq: int, single: bool):
         """Yield (type, body) for our sequence until DONE, the final ack/error,
-        or (`single`: a plain GET without ack) the first reply."""
+        or (`single`: a plain GET without ack) the first reply. Raises
+        DumpInterrupted at the end of a dump whose parts carried NLM_F_DUMP_INTR."""
+        interrupted = False
         while True:
-            data = self.sock.recv(1 << 16)
+            data = self._recv()
             offset = 0
             while offset + _NLMSGHDR.size <= len(data):
-                length, kind, _flags, mseq, _pid = _NLMSGHDR.unpack_from(data, offset)
-                if length < _NLMSGHDR.size:
-                    return
+                length, kind, flags, mseq, _pid = _NLMSGHDR.unpack_from(data, offset)
+                if length < _NLMSGHDR.size or offset + length > len(data):
+                    raise OSError(EMSGSIZE, "malformed netlink message length")
                 body = data[offset + _NLMSGHDR.size: offset + length]
                 offset += _align(length)
                 if mseq != seq:
                     continue
+                interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
                 if kind == NLMSG_DONE:
+                    if interrupted:
+                        raise DumpInterrupted()
                     return
                 if kind == NLMSG_ERROR:
                     (error,) = _ERR.unpack_from(body)
@@ -153,14 +189,21 @@ class RtNetlink:
 
     def request(self, kind: int, body: bytes, flags: int = NLM_F_ACK) -> list[bytes]:
         single = not flags & (NLM_F_ACK | NLM_F_DUMP)
-        return [b for _k, b in self._replies(self._send(kind, flags, body), single)]
+        if not flags & NLM_F_DUMP:
+            return [b for _k, b in self._replies(self._send(kind, flags, body), single)]
+        for _attempt in range(self.DUMP_RETRIES):
+            try:
+                return [b for _k, b in self._replies(self._send(kind, flags, body), False)]
+            except DumpInterrupted:
+                continue
+        raise OSError(EINTR, f"netlink dump interrupted {self.DUMP_RETRIES} times in a row")
 
     # ------------------------------------------------------------------ links
 
     def get_link(self, name: str) -> Link | None:
         """The link called `name` (or with that alt name), None when absent."""
         body = _IFINFOMSG.pack(0, 0, 0, 0, 0) + attr(IFLA_EXT_MASK, _U32.pack(RTEXT_FILTER_SKIP_STATS))
-        body += attr(IFLA_IFNAME, name.encode() + b"\0")
+        body += attr(IFLA_IFNAME, os.fsencode(name) + b"\0")
         try:
             replies = self.request(RTM_GETLINK, body, flags=0)
         except OSError as exc:
@@ -177,11 +220,11 @@ class RtNetlink:
         attrs = parse_attrs(body, _IFINFOMSG.size)
         alt_names = []
         for prop in attrs.get(IFLA_PROP_LIST, []):
-            alt_names += [a.rstrip(b"\0").decode() for a in parse_attrs(prop).get(IFLA_ALT_IFNAME, [])]
+            alt_names += [os.fsdecode(a.rstrip(b"\0")) for a in parse_attrs(prop).get(IFLA_ALT_IFNAME, [])]
         first = lambda key, default=b"": attrs.get(key, [default])[0]  # noqa: E731
         return Link(
             index=index,
-            name=first(IFLA_IFNAME).rstrip(b"\0").decode(),
+            name=os.fsdecode(first(IFLA_IFNAME).rstrip(b"\0")),
             flags=flags,
             mtu=_U32.unpack(first(IFLA_MTU, b"\0\0\0\0"))[0],
             txqlen=_U32.unpack(first(IFLA_TXQLEN, b"\0\0\0\0"))[0],
@@ -219,7 +262,7 @@ class RtNetlink:
 
     def alt_name(self, index: int, name: str, add: bool) -> None:
         body = _IFINFOMSG.pack(0, 0, index, 0, 0)
-        body += attr(IFLA_PROP_LIST | NLA_F_NESTED, attr(IFLA_ALT_IFNAME, name.encode() + b"\0"))
+        body += attr(IFLA_PROP_LIST | NLA_F_NESTED, attr(IFLA_ALT_IFNAME, os.fsencode(name) + b"\0"))
         flags = NLM_F_ACK | (NLM_F_CREATE | NLM_F_EXCL | NLM_F_APPEND if add else 0)
         self.request(RTM_NEWLINKPROP if add else RTM_DELLINKPROP, body, flags=flags)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from .jsonio import JSONError, dumps, loads
+from .wire import open_private_dir, write_file_at
 
 SUFFIX = ".state.json"
 
@@ -22,28 +23,26 @@ def state_path(state_dir: str, network: str, container_id: str, ifname: str) -> 
 
 
 def save(path: str, data: dict) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    """Atomic write into the 0700 state dir, never through a symlink (see wire.open_private_dir)."""
+    dfd = open_private_dir(os.path.dirname(path))
     try:
-        os.write(fd, dumps(data).encode())
-        os.fsync(fd)
+        write_file_at(dfd, os.path.basename(path), dumps(data).encode())
     finally:
-        os.close(fd)
-    os.rename(tmp, path)
+        os.close(dfd)
 
 
 def load(path: str) -> dict | None:
-    """The saved state, or None when there is none (or it is unreadable)."""
+    """The saved state, or None when there is none (or it is unreadable, or a symlink)."""
     try:
-        with open(path, "rb") as fh:
-            data = loads(fh.read().decode("utf-8", "replace"))
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        data = loads(os.read(fd, 1 << 20).decode("utf-8", "replace"))
     except (OSError, JSONError):
         return None
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else None
 
 
@@ -57,9 +56,13 @@ def remove(path: str) -> None:
 def list_attachments(state_dir: str, network: str) -> list[tuple[str, str, str]]:
     """(containerID, ifname, path) of every state file of `network`."""
     try:
-        names = os.listdir(state_dir)
-    except (FileNotFoundError, NotADirectoryError):
+        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # missing, not a directory, or a symlink: nothing of ours
         return []
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
     out = []
     prefix = f"{network}:"
     for name in sorted(names):

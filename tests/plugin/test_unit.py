@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import tempfile
 
 import pytest
@@ -210,17 +211,23 @@ def test_version_lists_every_supported_version() -> None:
     assert rc == 0 and json.loads(out) == {"cniVersion": "1.1.0", "supportedVersions": list(config.SUPPORTED_VERSIONS)}
 
 
-def test_status_ready_with_writable_spool_and_50_without(tmp_path) -> None:
+def test_status_ready_with_writable_spool_and_50_without_under_fail(tmp_path) -> None:
     ok = base(cniVersion="1.1.0", spoolDir=str(tmp_path / "spool"), socketPath=str(tmp_path / "none.sock"),
-              logFile=str(tmp_path / "log"))
+              logFile=str(tmp_path / "log"), failurePolicy="Fail")
     assert call("STATUS", ok) == (0, "")
     blocker = tmp_path / "file"
     blocker.write_text("")
     bad = dict(ok, spoolDir=str(blocker / "spool"))
     rc, out = call("STATUS", bad)
     assert rc == 1 and json.loads(out)["code"] == 50
-    (tmp_path / "pub.sock").write_text("")  # something listening there counts as ready
-    assert call("STATUS", dict(bad, socketPath=str(tmp_path / "pub.sock")))[0] == 0
+    assert call("STATUS", dict(bad, failurePolicy="Ignore")) == (0, "")
+    (tmp_path / "stale.sock").write_text("")  # a stale file is not a publisher
+    rc, out = call("STATUS", dict(bad, socketPath=str(tmp_path / "stale.sock")))
+    assert rc == 1 and json.loads(out)["code"] == 50
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:  # a listening publisher is ready
+        listener.bind(str(tmp_path / "pub.sock"))
+        listener.listen(1)
+        assert call("STATUS", dict(bad, socketPath=str(tmp_path / "pub.sock")))[0] == 0
 
 
 def test_gc_without_attachment_list_refuses(tmp_path) -> None:
@@ -235,12 +242,25 @@ def test_unexpected_exception_becomes_error_json_not_a_traceback(monkeypatch, tm
     def boom(*_a):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setitem(commands.COMMANDS, "DEL", boom)
-    conf = base(logFile=str(tmp_path / "p.log"))
-    rc, out = call("DEL", conf, CNI_CONTAINERID="c", CNI_IFNAME="eth0")
+    monkeypatch.setitem(commands.COMMANDS, "GC", boom)
+    conf = base(cniVersion="1.1.0", logFile=str(tmp_path / "p.log"))
+    rc, out = call("GC", conf)
     error = json.loads(out)
     assert rc == 1 and error["code"] == 199 and "Traceback" not in out
     assert "Traceback" in (tmp_path / "p.log").read_text()
+
+
+def test_a_bug_in_del_is_logged_and_del_still_exits_0(monkeypatch, tmp_path) -> None:
+    """Node safety: even an unanticipated exception must not block the chain's DEL."""
+    from cni_plugin import commands
+
+    def boom(*_a):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(commands, "cmd_del", boom)
+    rc, out = call("DEL", base(logFile=str(tmp_path / "p.log")), CNI_CONTAINERID="c", CNI_IFNAME="eth0")
+    assert (rc, out) == (0, "")
+    assert "kaboom" in (tmp_path / "p.log").read_text()
 
 
 def test_logs_never_reach_stdout(tmp_path, capfd) -> None:
