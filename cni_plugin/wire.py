@@ -272,6 +272,71 @@ def event_request(event: Event) -> dict:
 
 
 # ---------------------------------------------------------------- spool
+#
+# The spool is bounded (count and bytes): a publisher gone for good must not
+# fill the node's disk. An event over the cap is not written; the drop is
+# counted in the marker file `overflow` (no `.json` suffix, so no listing
+# mistakes it for an event), which the publisher reports and takes away.
+# The marker is updated under flock(2) on the spool directory itself, not on
+# the marker: the marker is replaced by rename, so a lock on it would guard
+# an inode that the next writer no longer opens, and counts would be lost.
+# The directory is opened with O_NOFOLLOW and chmod-ed through that fd only:
+# a symlink planted in its place is refused, never followed.
+
+DEFAULT_SPOOL_MAX_FILES = 1024
+DEFAULT_SPOOL_MAX_BYTES = 64 << 20
+OVERFLOW_NAME = "overflow"
+_ENOSPC = 28
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class SpoolFull(OSError):
+    """The spool is at its cap: the event was counted in the overflow marker, not written."""
+
+
+def open_private_dir(path: str) -> int:
+    """Open (creating it 0700 if missing) a directory of the plugin's own; returns an fd.
+
+    The last component must be a real directory: a symlink there fails with
+    ELOOP instead of being followed, and the mode is fixed with fchmod on the
+    opened directory, so nothing is ever chmod-ed through a link.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        if os.fstat(fd).st_mode & 0o7777 != 0o700:
+            os.fchmod(fd, 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_file_at(dir_fd: int, name: str, data: bytes) -> None:
+    """Durably replace `name` in the directory: temp file, fsync, rename, fsync the dir."""
+    tmp = f"{name}.{os.getpid()}.tmp"
+    try:
+        os.unlink(tmp, dir_fd=dir_fd)  # left by a crashed run with our pid
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, _NEW_FILE, 0o600, dir_fd=dir_fd)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
 
 
 def spool_name(event: Event) -> str:
@@ -279,29 +344,77 @@ def spool_name(event: Event) -> str:
     return f"{time.time_ns():020d}-{event.event_id}{SPOOL_SUFFIX}"
 
 
-def write_spool(spool_dir: str, event: Event) -> str:
-    """Write one event durably: temp file, fsync, rename, fsync the dir.
+def spool_usage(dir_fd: int) -> tuple[int, int]:
+    """(event files, their bytes) in the spool directory."""
+    count = size = 0
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            if entry.name.endswith(SPOOL_SUFFIX):
+                count += 1
+                size += entry.stat(follow_symlinks=False).st_size
+    return count, size
 
-    The directory is created 0700; files are 0600. Returns the final path.
+
+def write_spool(spool_dir: str, event: Event, max_files: int = DEFAULT_SPOOL_MAX_FILES,
+                max_bytes: int = DEFAULT_SPOOL_MAX_BYTES) -> str:
+    """Write one event durably (0600 file in a 0700 dir); returns the final path.
+
+    Raises SpoolFull (after counting the drop in the overflow marker) when the
+    event would take the spool over `max_files` or `max_bytes`. The check and
+    the write are not one atomic step, so concurrent plugin runs can overshoot
+    the cap by at most their number.
     """
-    os.makedirs(spool_dir, mode=0o700, exist_ok=True)
-    os.chmod(spool_dir, 0o700)
-    final = os.path.join(spool_dir, spool_name(event))
-    tmp = final + ".tmp"
     data = dumps(event.to_dict()).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    dfd = open_private_dir(spool_dir)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, final)
-    dfd = os.open(spool_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
+        count, size = spool_usage(dfd)
+        if count + 1 > max_files or size + len(data) > max_bytes:
+            record_overflow(dfd, event.op)
+            raise SpoolFull(_ENOSPC, f"spool is full ({count} files, {size} bytes; caps {max_files}, {max_bytes})")
+        name = spool_name(event)
+        tmp = name + ".tmp"
+        fd = os.open(tmp, _NEW_FILE, 0o600, dir_fd=dfd)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         os.fsync(dfd)
     finally:
         os.close(dfd)
-    return final
+    return os.path.join(spool_dir, name)
+
+
+def spool_has_room(spool_dir: str, max_files: int = DEFAULT_SPOOL_MAX_FILES,
+                   max_bytes: int = DEFAULT_SPOOL_MAX_BYTES) -> bool:
+    """Could an event be spooled now? Cheap: no write, no fsync (STATUS uses it)."""
+    try:
+        fd = os.open(spool_dir, _DIR_FLAGS)
+    except FileNotFoundError:
+        return _creatable(spool_dir)
+    except OSError:
+        return False
+    try:
+        if not os.access(spool_dir, os.W_OK | os.X_OK):
+            return False
+        count, size = spool_usage(fd)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return count < max_files and size < max_bytes
+
+
+def _creatable(path: str) -> bool:
+    """True when the nearest existing ancestor of `path` is a writable directory."""
+    while path and path != "/":
+        path = os.path.dirname(path)
+        if os.path.isdir(path):
+            return os.access(path, os.W_OK | os.X_OK)
+        if os.path.lexists(path):
+            return False
+    return os.access("/", os.W_OK | os.X_OK)
 
 
 def read_spool(path: str) -> Event:
@@ -310,12 +423,105 @@ def read_spool(path: str) -> Event:
 
 
 def list_spool(spool_dir: str) -> list[str]:
-    """Complete spool files in write order (temp files are skipped)."""
+    """Complete spool files in write order (temp files and the overflow marker are skipped)."""
     try:
         names = os.listdir(spool_dir)
     except FileNotFoundError:
         return []
     return [os.path.join(spool_dir, n) for n in sorted(names) if n.endswith(SPOOL_SUFFIX)]
+
+
+def record_overflow(dir_fd: int, command: str) -> dict:
+    """Count one dropped event in the marker, under the directory's lock; returns the marker."""
+    import fcntl
+
+    fcntl.flock(dir_fd, fcntl.LOCK_EX)
+    try:
+        try:
+            current = _parse_overflow(_read_at(dir_fd, OVERFLOW_NAME)) or {}
+        except FileNotFoundError:
+            current = {}
+        now = time.time()
+        marker = {"dropped": current.get("dropped", 0) + 1, "firstDroppedAt": current.get("firstDroppedAt", now),
+                  "lastDroppedAt": now, "lastCommand": command}
+        write_file_at(dir_fd, OVERFLOW_NAME, dumps(marker).encode())
+    finally:
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
+    return marker
+
+
+def _read_at(dir_fd: int, name: str) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def _parse_overflow(data: bytes) -> dict | None:
+    """The marker as a dict with the documented types, or None when it is not one."""
+    try:
+        marker = loads(data.decode())
+    except (UnicodeDecodeError, JSONError):
+        return None
+    if not isinstance(marker, dict):
+        return None
+    dropped = marker.get("dropped")
+    first, last = marker.get("firstDroppedAt"), marker.get("lastDroppedAt")
+    if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
+        return None
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (first, last)):
+        return None
+    return {"dropped": dropped, "firstDroppedAt": float(first), "lastDroppedAt": float(last),
+            "lastCommand": str(marker.get("lastCommand", ""))}
+
+
+def read_overflow(spool_dir: str) -> dict | None:
+    """The overflow marker ({dropped, firstDroppedAt, lastDroppedAt, lastCommand}) or None."""
+    try:
+        fd = os.open(spool_dir, _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        return _parse_overflow(_read_at(fd, OVERFLOW_NAME))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def take_overflow(spool_dir: str) -> dict | None:
+    """Atomically take the marker away (rename under the lock) and return it, or None.
+
+    Drops counted after this call start a new marker, so none is lost or
+    counted twice between the publisher's report and the plugins' updates.
+    """
+    import fcntl
+
+    try:
+        fd = os.open(spool_dir, _DIR_FLAGS)
+    except OSError:
+        return None
+    taken = f"{OVERFLOW_NAME}.taken.{os.getpid()}"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            os.rename(OVERFLOW_NAME, taken, src_dir_fd=fd, dst_dir_fd=fd)
+        except FileNotFoundError:
+            return None
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        try:
+            return _parse_overflow(_read_at(fd, taken))
+        finally:
+            os.unlink(taken, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 __all__ = [
@@ -329,8 +535,14 @@ __all__ = [
     "decode_body",
     "encode_frame",
     "event_request",
+    "legacy_order",
+    "order_before",
+    "SpoolFull",
     "list_spool",
     "read_frame",
+    "read_overflow",
     "read_spool",
+    "spool_has_room",
+    "take_overflow",
     "write_spool",
 ]
