@@ -535,8 +535,6 @@ __all__ = [
     "decode_body",
     "encode_frame",
     "event_request",
-    "legacy_order",
-    "order_before",
     "SpoolFull",
     "list_spool",
     "read_frame",
