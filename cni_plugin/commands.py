@@ -91,10 +91,10 @@ def cmd_del(env: Env, conf: NetConf, log: Log) -> None:
     what they can; main() turns anything left into a log line and exit 0.
     """
     restored = False
-    if conf.name:
+    if conf.name and conf.state_dir:
         restored = _best_effort(log, "state restore", lambda: _restore_state(env, conf, log))
     else:
-        log.warning("no valid network name: plugin state not looked up")
+        log.warning("no valid network name or stateDir: plugin state not looked up")
     current = None
     if conf.prev_result is not None:
         try:

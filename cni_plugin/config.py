@@ -423,9 +423,10 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
 def tolerant_netconf(raw: dict[str, Any]) -> tuple[NetConf, list[str]]:
     """DEL's reading of a config that failed validation: what it can use.
 
-    Every field that validates is kept, every other one falls back to its
-    default ("" for name and driverName, which makes DEL skip the state lookup
-    or the hand-off that needs them). Returns the config and the problems found.
+    Every field that validates is kept. An invalid name, driverName or path
+    becomes "", never a default: DEL then skips what needs it (state lookup,
+    hand-off, spool; the log goes to stderr) rather than writing somewhere the
+    operator did not name. Returns the config and the problems found.
     """
     problems: list[str] = []
 
@@ -443,10 +444,10 @@ def tolerant_netconf(raw: dict[str, Any]) -> tuple[NetConf, list[str]]:
         name if isinstance(name, str) and is_cni_name(name) else "",
         keep(lambda: _driver(raw), ""),
         request=keep(lambda: _string(raw, "request", ""), ""),
-        socket_path=keep(lambda: _string(raw, "socketPath", DEFAULT_SOCKET, absolute_path=True), DEFAULT_SOCKET),
-        spool_dir=keep(lambda: _string(raw, "spoolDir", DEFAULT_SPOOL_DIR, absolute_path=True), DEFAULT_SPOOL_DIR),
-        state_dir=keep(lambda: _string(raw, "stateDir", DEFAULT_STATE_DIR, absolute_path=True), DEFAULT_STATE_DIR),
-        log_file=keep(lambda: _string(raw, "logFile", DEFAULT_LOG_FILE, absolute_path=True), DEFAULT_LOG_FILE),
+        socket_path=keep(lambda: _string(raw, "socketPath", DEFAULT_SOCKET, absolute_path=True), ""),
+        spool_dir=keep(lambda: _string(raw, "spoolDir", DEFAULT_SPOOL_DIR, absolute_path=True), ""),
+        state_dir=keep(lambda: _string(raw, "stateDir", DEFAULT_STATE_DIR, absolute_path=True), ""),
+        log_file=keep(lambda: _string(raw, "logFile", DEFAULT_LOG_FILE, absolute_path=True), ""),
         raw=raw,
     )
     timeout = keep(lambda: _int(raw, "ackTimeoutMs", "ackTimeoutMs", 1, 60000), None)

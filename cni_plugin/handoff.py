@@ -92,6 +92,8 @@ def deliver(event: wire.Event, conf: NetConf, log: Log, *, may_fail: bool) -> st
         socket_error = f"{type(exc).__name__}: {exc}"
     outcome = LOST
     try:
+        if not conf.spool_dir:
+            raise OSError(22, "no valid spoolDir")
         path = wire.write_spool(conf.spool_dir, event, conf.spool_max_files, conf.spool_max_bytes)
         log.info("event spooled", op=event.op, eventID=event.event_id, spoolFile=path, socketError=socket_error)
         return SPOOLED
