@@ -100,7 +100,11 @@ def apply(netns: str, ifname: str, conf: InterfaceConf, path: str, meta: dict[st
     with _Inside(netns), RtNetlink() as nl:
         link = _find(nl, ifname, netns)
         original = _originals(link, conf, ifname)
-        state_store.save(path, dict(meta, original=original, applied=conf.to_dict()))
+        try:
+            state_store.save(path, dict(meta, original=original, applied=conf.to_dict()))
+        except OSError as exc:
+            # Without saved originals DEL could not restore: change nothing.
+            raise CNIError(IO_FAILURE, f"cannot save plugin state in stateDir: {exc.strerror or exc}") from None
         try:
             _apply(nl, link, conf, ifname)
         except OSError as exc:
