@@ -18,8 +18,8 @@
 #   --bundle FILE          the self-contained plugin executable to install (default: `netclaim`
 #                          beside this script, as in the image, else what scripts/build-plugin.sh
 #                          builds from this checkout)
-#   --python PATH          interpreter for this installer's conflist editor only (default: python3);
-#                          the installed plugin needs no Python
+#   --python PATH          interpreter for this installer's conflist editor only (default: the
+#                          image's venv, this checkout's .venv, else python3); the plugin needs none
 #   --host-root DIR        the node's root file system is mounted at DIR (an init container):
 #                          every path above is the node's path; files are written under DIR
 #   --uninstall            remove the netclaim entry (restoring the original file) and the plugin
@@ -46,7 +46,7 @@ STATE_DIR=""
 LOG_FILE=""
 FAILURE_POLICY=""
 BUNDLE=""
-PYTHON=python3
+PYTHON=""
 HOST_ROOT=""
 ACTION=install
 
@@ -78,6 +78,11 @@ parse_args() {
         esac
     done
     case "$FAILURE_POLICY" in ""|Ignore|Fail) ;; *) die "--failure-policy must be Ignore or Fail" ;; esac
+    if [[ -n "$HOST_ROOT" && -n "$PYTHON" && ! -x "$PYTHON" ]]; then
+        # Older DaemonSets passed the node's interpreter here; the plugin needs none.
+        log "--python $PYTHON is ignored: not an interpreter of this installer"
+        PYTHON=""
+    fi
     if [[ "$ACTION" != print && -z "$CONFLIST" ]]; then die "--conflist is required"; fi
     if [[ "$ACTION" != uninstall && -z "$DRIVER_NAME" ]]; then die "--driver-name is required"; fi
     return 0
@@ -115,9 +120,16 @@ entry_args() {
     )
 }
 
-# The stdlib-only conflist editor is part of the installer, not of the plugin.
+# The conflist editor is part of the installer, not of the plugin: it runs
+# where this script runs (the image's venv, this checkout's .venv, else python3).
 editor_python() {
-    command -v "$PYTHON" >/dev/null 2>&1 || die "interpreter $PYTHON for the conflist editor not found (use --python)"
+    local candidate
+    if [[ -z "$PYTHON" ]]; then
+        for candidate in "$HERE/../venv/bin/python" "$HERE/../.venv/bin/python" python3; do
+            if command -v "$candidate" >/dev/null 2>&1; then PYTHON="$candidate"; break; fi
+        done
+    fi
+    command -v "$PYTHON" >/dev/null 2>&1 || die "interpreter ${PYTHON:-python3} for the conflist editor not found (use --python)"
     printf '%s' "$PYTHON"
 }
 

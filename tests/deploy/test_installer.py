@@ -1,19 +1,41 @@
 """scripts/install.sh against a temp CNI bin dir and conflist, as an operator runs it.
 
 What an operator notices: the plugin is chained last exactly once, re-running
-changes nothing twice, uninstall gives the original file back, and a broken
-conflist is refused without being touched.
+changes nothing twice, uninstall gives the original file back, a broken
+conflist is refused without being touched, and what lands in the bin dir is
+the self-contained executable (scripts/build-plugin.sh), written atomically,
+that names no source checkout and needs no Python.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
 
-from deploylib import CONF, DRIVER, REPO, VENV_PYTHON, run_install
+import pytest
+
+from deploylib import CONF, DRIVER, REPO, run_install
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    """The static plugin this checkout builds (cached by the build script)."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "build-plugin.sh")], capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, f"scripts/build-plugin.sh failed:\n{proc.stderr[-3000:]}"
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_is_the_bundle(installed: Path, bundle: Path) -> None:
+    assert stat.S_IMODE(installed.stat().st_mode) == 0o755
+    data = installed.read_bytes()
+    assert data == bundle.read_bytes()
+    assert data[:4] == b"\x7fELF", "not an executable: a script would need an interpreter on the node"
+    assert str(REPO).encode() not in data, "the installed plugin names the source checkout"
 
 BASE = {
     "cniVersion": "1.0.0",
@@ -49,7 +71,7 @@ def netclaim_entries(conflist: Path) -> list[dict]:
     return [p for p in json.loads(conflist.read_text())["plugins"] if p["type"] == "netclaim"]
 
 
-def test_install_chains_netclaim_last_and_writes_an_executable_launcher(tmp_root: Path) -> None:
+def test_install_chains_netclaim_last_and_installs_the_bundle(tmp_root: Path, bundle: Path) -> None:
     conflist = write_base(tmp_root)
     original = conflist.read_bytes()
 
@@ -70,11 +92,8 @@ def test_install_chains_netclaim_last_and_writes_an_executable_launcher(tmp_root
     assert doc["plugins"][:2] == BASE["plugins"]
     assert (conflist.parent / (conflist.name + ".netclaim.bak")).read_bytes() == original
 
-    launcher = tmp_root / "bin" / "netclaim"
-    assert stat.S_IMODE(launcher.stat().st_mode) == 0o755
-    text = launcher.read_text()
-    assert text.startswith(f"#!{VENV_PYTHON} -IS\n")
-    assert f"sys.path.insert(0, {str(REPO)!r})" in text
+    assert_is_the_bundle(tmp_root / "bin" / "netclaim", bundle)
+    assert [p.name for p in (tmp_root / "bin").iterdir()] == ["netclaim"], "temp files left in the bin dir"
 
     # The private directories the plugin and publisher share are root-only.
     for d in (tmp_root / "run" / "netclaim", tmp_root / "state", tmp_root / "state" / "spool"):
@@ -116,7 +135,7 @@ def test_reinstall_moves_entry_last_and_keeps_operator_settings(tmp_root: Path) 
     assert plugins[-1]["interface"] == {"mtu": 1400}
 
 
-def test_uninstall_restores_the_original_bytes_and_removes_the_launcher(tmp_root: Path) -> None:
+def test_uninstall_restores_the_original_bytes_and_removes_the_plugin(tmp_root: Path) -> None:
     conflist = write_base(tmp_root)
     original = conflist.read_bytes()
     run_install(*install_args(tmp_root, conflist))
@@ -158,7 +177,7 @@ def test_unparsable_conflist_is_refused_and_left_untouched(tmp_root: Path) -> No
     assert conflist.read_bytes() == broken
     assert stat.S_IMODE(conflist.stat().st_mode) == 0o640
     assert not (tmp_root / "10-broken.conflist.netclaim.bak").exists()
-    assert not (tmp_root / "bin" / "netclaim").exists(), "launcher written although the conflist was refused"
+    assert not (tmp_root / "bin" / "netclaim").exists(), "plugin written although the conflist was refused"
     assert sorted(p.name for p in tmp_root.iterdir()) == ["10-broken.conflist"]
 
 
@@ -181,21 +200,39 @@ def test_missing_required_arguments_are_errors(tmp_root: Path) -> None:
     assert bad_policy.returncode != 0 and "Ignore or Fail" in bad_policy.stderr
     missing_python = run_install(*install_args(tmp_root, conflist, "--python", str(tmp_root / "nope")), check=False)
     assert missing_python.returncode != 0 and "not found" in missing_python.stderr
+    missing_bundle = run_install(*install_args(tmp_root, conflist, "--bundle", str(tmp_root / "nope")), check=False)
+    assert missing_bundle.returncode != 0 and "not found" in missing_bundle.stderr
+    not_a_plugin = run_install(*install_args(tmp_root, conflist, "--bundle", shutil.which("true")), check=False)
+    assert not_a_plugin.returncode != 0 and "does not answer VERSION" in not_a_plugin.stderr
     assert json.loads(conflist.read_text()) == BASE
+    assert not (tmp_root / "bin").exists()
 
 
-def test_host_root_install_writes_node_paths_under_the_mount(tmp_root: Path) -> None:
-    """The DaemonSet's init container: the node's / is mounted at --host-root."""
+def test_reinstall_replaces_the_plugin_atomically(tmp_root: Path, bundle: Path) -> None:
+    """A runtime may exec the plugin at any moment: the new file is renamed over
+    the old one (new inode), never rewritten in place."""
+    conflist = write_base(tmp_root)
+    run_install(*install_args(tmp_root, conflist, "--bundle", str(bundle)))
+    target = tmp_root / "bin" / "netclaim"
+    before = target.stat().st_ino
+    held = os.open(target, os.O_RDONLY)  # like a running plugin's text
+    try:
+        run_install(*install_args(tmp_root, conflist, "--bundle", str(bundle)))
+        assert target.stat().st_ino != before
+        assert os.fstat(held).st_size == bundle.stat().st_size, "the old file was truncated in place"
+    finally:
+        os.close(held)
+    assert_is_the_bundle(target, bundle)
+    assert [p.name for p in (tmp_root / "bin").iterdir()] == ["netclaim"]
+
+
+def test_host_root_install_writes_node_paths_under_the_mount(tmp_root: Path, bundle: Path) -> None:
+    """The DaemonSet's init container: the node's / is mounted at --host-root; the
+    node needs no Python (there is none under the mount)."""
     host = tmp_root / "host"
     (host / "etc" / "cni" / "net.d").mkdir(parents=True)
     conflist = host / "etc" / "cni" / "net.d" / "10-podnet.conflist"
     conflist.write_text(json.dumps(BASE))
-    plugin_dir = host / "opt" / "netclaim" / "0.1.0" / "plugin" / "cni_plugin"
-    plugin_dir.mkdir(parents=True)
-    for source in (REPO / "cni_plugin").glob("*.py"):  # what the init container copies
-        (plugin_dir / source.name).write_bytes(source.read_bytes())
-    (host / "usr" / "bin").mkdir(parents=True)
-    (host / "usr" / "bin" / "python3").symlink_to(VENV_PYTHON)
 
     run_install(
         "--host-root", str(host),
@@ -204,17 +241,14 @@ def test_host_root_install_writes_node_paths_under_the_mount(tmp_root: Path) -> 
         "--driver-name", DRIVER,
         "--socket", "/run/netclaim/publisher.sock",
         "--spool-dir", "/var/lib/netclaim/spool",
-        "--python", "/usr/bin/python3",
-        "--plugin-path", "/opt/netclaim/0.1.0/plugin",
     )
 
     entry = netclaim_entries(conflist)[0]
     assert entry["socketPath"] == "/run/netclaim/publisher.sock"  # the node's path, not the mount's
-    launcher = (host / "opt" / "cni" / "bin" / "netclaim").read_text()
-    assert launcher.startswith("#!/usr/bin/python3 -IS\n")
-    assert "sys.path.insert(0, '/opt/netclaim/0.1.0/plugin')" in launcher
-    assert str(host) not in launcher
+    assert_is_the_bundle(host / "opt" / "cni" / "bin" / "netclaim", bundle)
+    assert str(host).encode() not in (host / "opt" / "cni" / "bin" / "netclaim").read_bytes()
     assert stat.S_IMODE((host / "run" / "netclaim").stat().st_mode) == 0o700
+    assert not (host / "usr").exists()
 
 
 def test_shipped_conflists_accept_a_reinstall_unchanged(tmp_root: Path) -> None:
@@ -229,44 +263,47 @@ def test_shipped_conflists_accept_a_reinstall_unchanged(tmp_root: Path) -> None:
         assert after == json.loads(example.read_text()), example.name
 
 
-def run_launcher(launcher: Path, command: str, stdin: dict) -> subprocess.CompletedProcess[str]:
-    env = {"CNI_COMMAND": command, "CNI_PATH": str(launcher.parent), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-           "PYTHONPATH": "/nonexistent-hostile-path"}  # -I: must not matter
-    return subprocess.run([str(launcher)], input=json.dumps(stdin), capture_output=True, text=True,
+def run_plugin(exe: Path, command: str, stdin: dict) -> subprocess.CompletedProcess[str]:
+    env = {"CNI_COMMAND": command, "CNI_PATH": str(exe.parent), "PATH": "/nonexistent",
+           "PYTHONPATH": "/nonexistent-hostile-path", "PYTHONHOME": "/nonexistent",
+           "PYTHONSTARTUP": "/nonexistent"}  # isolated: none of this may matter
+    return subprocess.run([str(exe)], input=json.dumps(stdin), capture_output=True, text=True,
                           env=env, timeout=60)
 
 
-def test_installed_launcher_runs_the_plugin(tmp_root: Path) -> None:
+def test_installed_plugin_runs(tmp_root: Path) -> None:
     """The runtime executes DIR/netclaim by name: it must answer as a CNI plugin."""
     conflist = write_base(tmp_root)
     run_install(*install_args(tmp_root, conflist))
 
-    proc = run_launcher(tmp_root / "bin" / "netclaim", "VERSION", {"cniVersion": "1.1.0"})
+    proc = run_plugin(tmp_root / "bin" / "netclaim", "VERSION", {"cniVersion": "1.1.0"})
 
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
     assert "1.1.0" in answer["supportedVersions"] and "0.4.0" in answer["supportedVersions"]
+    assert proc.stderr == ""
 
 
-def test_host_root_launcher_runs_with_the_copied_plugin_code(tmp_root: Path) -> None:
-    """The DaemonSet layout: node python3 + the plugin code copied to a versioned node path."""
+def test_install_kit_uses_the_plugin_beside_the_script(tmp_root: Path, bundle: Path) -> None:
+    """The image's layout: install.sh, conflist_edit.py and the netclaim executable
+    side by side, no source tree and no build script: that executable is installed."""
+    kit = tmp_root / "opt" / "netclaim" / "scripts"
+    kit.mkdir(parents=True)
+    for name in ("install.sh", "conflist_edit.py"):
+        shutil.copy2(REPO / "scripts" / name, kit / name)
+    shutil.copy2(bundle, kit / "netclaim")
+    # The image's venv (the publisher package, which the conflist editor shares) beside the kit.
+    (kit.parent / "venv").symlink_to(REPO / ".venv")
     host = tmp_root / "host"
     (host / "etc" / "cni" / "net.d").mkdir(parents=True)
     (host / "etc" / "cni" / "net.d" / "10-podnet.conflist").write_text(json.dumps(BASE))
-    plugin_dir = tmp_root / "node-plugin" / "cni_plugin"
-    plugin_dir.mkdir(parents=True)
-    for source in (REPO / "cni_plugin").glob("*.py"):
-        (plugin_dir / source.name).write_bytes(source.read_bytes())
-    # The host path the launcher names must exist on "the node" (here: this machine).
-    (host / str(plugin_dir.parent).lstrip("/")).mkdir(parents=True)
-    (host / str(plugin_dir.parent).lstrip("/") / "cni_plugin").symlink_to(plugin_dir)
-    (host / "usr" / "bin").mkdir(parents=True)
-    (host / "usr" / "bin" / "python3").symlink_to("/usr/bin/python3")
 
-    run_install("--host-root", str(host), "--cni-bin-dir", "/opt/cni/bin",
-                "--conflist", "/etc/cni/net.d/10-podnet.conflist", "--driver-name", DRIVER,
-                "--python", "/usr/bin/python3", "--plugin-path", str(plugin_dir.parent))
-
-    proc = run_launcher(host / "opt" / "cni" / "bin" / "netclaim", "VERSION", {"cniVersion": "1.0.0"})
+    proc = subprocess.run(["bash", str(kit / "install.sh"), "--host-root", str(host), "--cni-bin-dir", "/opt/cni/bin",
+                           "--conflist", "/etc/cni/net.d/10-podnet.conflist", "--driver-name", DRIVER],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "1.0.0" in json.loads(proc.stdout)["supportedVersions"]
+
+    installed = host / "opt" / "cni" / "bin" / "netclaim"
+    assert_is_the_bundle(installed, kit / "netclaim")
+    answer = run_plugin(installed, "VERSION", {"cniVersion": "1.0.0"})
+    assert answer.returncode == 0 and "1.0.0" in json.loads(answer.stdout)["supportedVersions"]
