@@ -51,5 +51,6 @@ make_venv() {
 
 install_packages
 make_venv
+"$ROOT/scripts/build-plugin.sh" >/dev/null  # the self-contained CNI plugin (cached outside the repo)
 "$ROOT/scripts/build-control-plane.sh" >/dev/null
 log "ready"
