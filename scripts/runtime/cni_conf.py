@@ -107,7 +107,8 @@ class NetclaimInstall:
     spool_dir: Path
     state_dir: Path
     log_file: Path
-    python: str = sys.executable
+    python: str = sys.executable  # runs the installer's conflist editor
+    bundle: str = ""  # the plugin executable to install; "" = what scripts/build-plugin.sh builds
 
 
 def install_netclaim(bin_dir: Path, conflist: Path, opts: NetclaimInstall) -> None:
@@ -124,6 +125,7 @@ def install_netclaim(bin_dir: Path, conflist: Path, opts: NetclaimInstall) -> No
         "--state-dir", str(opts.state_dir),
         "--log-file", str(opts.log_file),
         "--python", opts.python,
+        *(["--bundle", opts.bundle] if opts.bundle else []),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     if done.returncode != 0:
