@@ -401,7 +401,9 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
         log_file=_string(raw, "logFile", DEFAULT_LOG_FILE, absolute_path=True),
         raw=raw,
     )
-    policy = raw.get("failurePolicy", "Ignore")
+    policy = raw.get("failurePolicy")
+    if policy is None:  # null is "absent", as for every optional field
+        policy = "Ignore"
     if policy not in FAILURE_POLICIES:
         raise config_error("failurePolicy", f"must be one of {', '.join(FAILURE_POLICIES)}, not {policy!r}")
     conf.failure_policy = policy
