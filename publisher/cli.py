@@ -142,15 +142,18 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               show_default=True,
               help="Post a Warning Event (events.k8s.io/v1) on the claim, or the pod, when an attachment cannot "
                    "be published (apply refused, unresolvable); at most one per object and reason per 10 min.")
+@click.option("--spool-interval", envvar="NETCLAIM_SPOOL_INTERVAL", show_envvar=True, default=5.0,
+              show_default=True, type=click.FloatRange(0.05, 3600),
+              help="Seconds between looks at the spool dir (and retries of claims whose apply failed).")
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
         metrics_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, resync_interval: float,
-        retry_max_delay: float, emit_events: bool) -> None:
+        retry_max_delay: float, emit_events: bool, spool_interval: float) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
     import sqlite3
 
     from . import logs
-    from .kube import Kube
+    from .kube import Credentials, Kube
     from .metrics import HealthServer, Metrics
     from .server import SocketServer
     from .service import Service, Settings
@@ -158,10 +161,11 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     limit_malloc_arenas()
     log = logs.setup(log_format, log_level)
     metrics = Metrics()
-    kube = Kube(api_client_for(kubeconfig, workers + 4), metrics.record_api)
+    kube = Kube(api_client_for(kubeconfig, workers + 4), metrics.record_api,
+                credentials=Credentials(kubeconfig, workers + 4))
     settings = Settings(node_name=node_name, state_dir=state_dir, spool_dir=spool_dir, workers=workers,
                         resolve_timeout=resolve_timeout, resync_interval=resync_interval,
-                        retry_cap=retry_max_delay, emit_events=emit_events)
+                        spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events)
     try:
         service = Service(settings, kube, metrics)
         server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
@@ -191,6 +195,86 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     if health:
         health.stop()
     log.info("publisher stopped")
+
+
+@cli.command("chain-keeper")
+@click.option("--cni-conf-dir", envvar="NETCLAIM_CNI_CONF_DIR", show_envvar=True, default="/etc/cni/net.d",
+              show_default=True, type=click.Path(file_okay=False), help="The node's CNI config dir, as mounted here.")
+@click.option("--cni-bin-dir", envvar="NETCLAIM_CNI_BIN_DIR", show_envvar=True, default="/opt/cni/bin",
+              show_default=True, type=click.Path(file_okay=False), help="The node's CNI bin dir, as mounted here.")
+@click.option("--conflist", envvar="NETCLAIM_CNI_CONFLIST", show_envvar=True, default="",
+              help="File name in the conf dir to chain into; empty: the first network file by name "
+                   "(the one the runtime uses).")
+@click.option("--plugin-binary", envvar="NETCLAIM_PLUGIN_BINARY", show_envvar=True,
+              default="/opt/netclaim/bin/netclaim", show_default=True,
+              type=click.Path(dir_okay=False), help="The self-contained plugin executable to install.")
+@click.option("--driver-name", envvar="NETCLAIM_DRIVER_NAME", show_envvar=True, default="",
+              help="The DRA driver whose devices netclaim reports (the entry's driverName).")
+@click.option("--request", envvar="NETCLAIM_REQUEST", show_envvar=True, default="",
+              help="The claim request whose device an attachment is (empty: decided per claim).")
+@click.option("--failure-policy", envvar="NETCLAIM_FAILURE_POLICY", show_envvar=True, default="Ignore",
+              show_default=True, type=click.Choice(["Ignore", "Fail"]), help="The entry's failurePolicy.")
+@click.option("--plugin-socket", envvar="NETCLAIM_PLUGIN_SOCKET", show_envvar=True, default=DEFAULT_SOCKET,
+              show_default=True, help="The publisher's socket as the plugin on the node sees it.")
+@click.option("--plugin-spool-dir", envvar="NETCLAIM_PLUGIN_SPOOL_DIR", show_envvar=True,
+              default=DEFAULT_SPOOL_DIR, show_default=True, help="The spool dir as the plugin on the node sees it.")
+@click.option("--plugin-log-file", envvar="NETCLAIM_PLUGIN_LOG_FILE", show_envvar=True, default="",
+              help="The plugin's log file on the node (empty: none).")
+@click.option("--cleanup-dir", envvar="NETCLAIM_CLEANUP_DIRS", show_envvar=True, multiple=True,
+              type=click.Path(file_okay=False), help="Emptied on uninstall (spool, journal, socket dir); repeatable.")
+@click.option("--poll-interval", envvar="NETCLAIM_POLL_INTERVAL", show_envvar=True, default=1.0,
+              show_default=True, type=click.FloatRange(0.1, 60), help="Seconds between looks at the conf dir.")
+@click.option("--daemonset", envvar="NETCLAIM_DAEMONSET", show_envvar=True, default="",
+              help="This pod's DaemonSet: on SIGTERM the node is cleaned up only if it is gone or being "
+                   "deleted (empty: never; an upgrade or restart keeps everything).")
+@click.option("--namespace", envvar="NETCLAIM_NAMESPACE", show_envvar=True, default="",
+              help="The DaemonSet's namespace.")
+@click.option("--kubeconfig", envvar=["NETCLAIM_KUBECONFIG", "KUBECONFIG"], show_envvar=True, default=None,
+              help="Kubeconfig for the DaemonSet check; without it the in-cluster service account.")
+@click.option("--once", is_flag=True, help="Install and chain once, then exit (an init container).")
+@click.option("--uninstall", "uninstall_now", is_flag=True,
+              help="Unchain, remove the plugin and empty the cleanup dirs now, then exit.")
+@click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
+              type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON or text.")
+def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
+                 request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
+                 plugin_log_file: str, cleanup_dir: tuple[str, ...], poll_interval: float, daemonset: str,
+                 namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool, log_format: str) -> None:
+    """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
+    from pathlib import Path
+
+    from . import chainkeeper, logs
+    from .conflist import Refused, build_entry
+
+    logs.setup(log_format, "info")
+    if not uninstall_now and not os.path.isfile(plugin_binary):
+        raise click.ClickException(f"plugin executable {plugin_binary}: no such file")
+    try:
+        entry = build_entry([f"driverName={driver_name}", f"request={request}", f"socketPath={plugin_socket}",
+                             f"spoolDir={plugin_spool_dir}", f"failurePolicy={failure_policy}",
+                             f"logFile={plugin_log_file}"]) if not uninstall_now else {}
+    except Refused as exc:
+        raise click.UsageError(f"{exc} (--driver-name)") from None
+    cfg = chainkeeper.KeeperConfig(
+        conf_dir=Path(cni_conf_dir), bin_dir=Path(cni_bin_dir), plugin_binary=Path(plugin_binary), entry=entry,
+        conflist=conflist, cleanup_dirs=[Path(d) for d in cleanup_dir], poll_interval=poll_interval)
+    if uninstall_now:
+        sys.exit(chainkeeper.uninstall_now(cfg))
+    if daemonset and not namespace:
+        raise click.UsageError("--daemonset needs --namespace")
+
+    def decide() -> str:
+        from .kube import Kube
+
+        try:
+            kube = Kube(api_client_for(kubeconfig, 1))
+        except click.ClickException as exc:
+            logs.get().warning("cannot ask for the DaemonSet; keeping the node chained",
+                               extra={"error": exc.format_message()})
+            return "unknown"
+        return chainkeeper.owner_state(lambda: kube.get_daemonset(namespace, daemonset))
+
+    sys.exit(chainkeeper.run_keeper(cfg, once, decide if daemonset else None))
 
 
 def limit_malloc_arenas(arenas: int = 2) -> None:

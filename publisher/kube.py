@@ -146,6 +146,15 @@ class Kube:
         self._request("event", "POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events",
                       body=event, timeout=EVENT_TIMEOUT).read()
 
+    def get_daemonset(self, namespace: str, name: str) -> dict[str, Any]:
+        """The chain keeper's own DaemonSet: gone or being deleted means uninstall (publisher/chainkeeper.py)."""
+        return self._json("get", "GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}")
+
+    def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch one events.k8s.io/v1 Event (its series: repeats of the same warning)."""
+        self._request("event", "PATCH", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events/{name}",
+                      body=patch, content_type="application/merge-patch+json", timeout=EVENT_TIMEOUT).read()
+
     def list_pods_on_node(self, node: str, limit: int = 200, cont: str = "") -> dict[str, Any]:
         """One page of the pods bound to `node` (pages keep the memory peak of a relist small)."""
         query = [("fieldSelector", f"spec.nodeName={node}"), ("limit", str(limit))]

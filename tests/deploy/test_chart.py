@@ -1,0 +1,171 @@
+"""The Helm chart: lint, what values render to, the generated manifests, and the real API server.
+
+One `driverName` value must reach the three places the API server and the
+plugin compare: the ClusterRole's resourceNames (per-driver status check), the
+ConfigMap the chain keeper reads, and so the conflist entry it writes (run
+here for real against a scratch CNI conf dir).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from chartlib import CHART, by_kind, helm, helm_binary, one, render
+from deploylib import DRIVER, REPO, netclaim_publisher_bin, python_env
+from kubehelpers import apply_object
+
+MANAGER = "netclaim-chart-test"
+
+
+def driver_rule(role: dict) -> dict:
+    [rule] = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    return rule
+
+
+def test_helm_lint_passes_with_defaults_and_with_every_toggle() -> None:
+    helm("lint", "--strict", str(CHART))
+    helm("lint", "--strict", str(CHART), "--set", "namespace.create=true", "--set", "metrics.podMonitor.enabled=true",
+         "--set", "metrics.serviceMonitor.enabled=true", "--set", "driverName={a.example.com,b.example.com}")
+
+
+def test_one_driver_name_feeds_rbac_configmap_and_the_conflist_entry(tmp_root: Path) -> None:
+    docs = render("driverName=nic.acme.io", "request=data", "failurePolicy=Fail")
+    assert driver_rule(one(docs, "ClusterRole"))["resourceNames"] == ["nic.acme.io"]
+    config = one(docs, "ConfigMap")["data"]
+    assert config["NETCLAIM_DRIVER_NAME"] == "nic.acme.io"
+    # The chain keeper with exactly that ConfigMap as its environment writes the entry.
+    net_d, bin_d = tmp_root / "net.d", tmp_root / "bin"
+    net_d.mkdir()
+    primary = {"cniVersion": "1.0.0", "name": "podnet", "plugins": [{"type": "bridge", "bridge": "cbr0"}]}
+    (net_d / "10-podnet.conflist").write_text(json.dumps(primary))
+    plugin = tmp_root / "netclaim"
+    plugin.write_bytes(b"\x7fELF stand-in: only copied, never run here\n")
+    env = {**python_env(), **config}
+    proc = subprocess.run([str(netclaim_publisher_bin()), "chain-keeper", "--once", f"--cni-conf-dir={net_d}",
+                           f"--cni-bin-dir={bin_d}", f"--plugin-binary={plugin}"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    chained = json.loads((net_d / "10-podnet.conflist").read_text())
+    assert [p["type"] for p in chained["plugins"]] == ["bridge", "netclaim"]
+    entry = chained["plugins"][-1]
+    assert (entry["driverName"], entry["request"], entry["failurePolicy"]) == ("nic.acme.io", "data", "Fail")
+    assert entry["socketPath"] == "/run/netclaim/publisher.sock" and entry["spoolDir"] == "/var/lib/netclaim/spool"
+    assert (bin_d / "netclaim").read_bytes() == plugin.read_bytes()
+
+
+def test_a_list_of_drivers_is_authorized_and_the_first_is_the_entry() -> None:
+    docs = render("driverName={a.example.com,b.example.com}")
+    assert driver_rule(one(docs, "ClusterRole"))["resourceNames"] == ["a.example.com", "b.example.com"]
+    assert one(docs, "ConfigMap")["data"]["NETCLAIM_DRIVER_NAME"] == "a.example.com"
+
+
+def test_values_reach_the_daemonset() -> None:
+    docs = render("image.repository=registry.example/netclaim", "image.tag=9.9.9", "cni.confDir=/etc/cni/multus.d",
+                  "cni.binDir=/var/lib/cni/bin", "cni.conflist=05-cilium.conflist", "metrics.port=19464",
+                  "logFormat=text", "tolerations=null", "resources.publisher.limits.memory=512Mi")
+    ds = one(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["cni-conf"]["hostPath"]["path"] == "/etc/cni/multus.d"
+    assert volumes["cni-bin"]["hostPath"]["path"] == "/var/lib/cni/bin"
+    containers = {c["name"]: c for c in pod["containers"] + pod["initContainers"]}
+    assert {c["image"] for c in containers.values()} == {"registry.example/netclaim:9.9.9"}
+    publisher = containers["publisher"]
+    assert "--metrics-address=$(HOST_IP):19464" in publisher["args"]
+    assert publisher["ports"] == [{"name": "metrics", "containerPort": 19464, "protocol": "TCP"}]
+    assert publisher["resources"]["limits"]["memory"] == "512Mi"
+    assert "tolerations" not in pod
+    config = one(docs, "ConfigMap")["data"]
+    assert config["NETCLAIM_CNI_CONFLIST"] == "05-cilium.conflist" and config["NETCLAIM_LOG_FORMAT"] == "text"
+    # Defaults: the image tag is the chart's appVersion; every node tolerated.
+    default_pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+    app_version = (CHART / "Chart.yaml").read_text().split("appVersion:")[1].split()[0].strip('"')
+    assert default_pod["containers"][0]["image"] == f"netclaim:{app_version}"
+    assert default_pod["tolerations"] == [{"operator": "Exists"}]
+
+
+def test_monitors_are_rendered_only_when_enabled() -> None:
+    kinds = {d["kind"] for d in render()}
+    assert not kinds & {"PodMonitor", "ServiceMonitor", "Service", "Namespace"}
+    pm = render("metrics.podMonitor.enabled=true", "metrics.podMonitor.labels.release=kps")
+    [monitor] = by_kind(pm, "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert not by_kind(pm, "ServiceMonitor")
+    sm = render("metrics.serviceMonitor.enabled=true")
+    assert by_kind(sm, "ServiceMonitor") and one(sm, "Service")["spec"]["clusterIP"] == "None"
+    assert not by_kind(sm, "PodMonitor")
+
+
+def test_publisher_mounts_nothing_it_does_not_use() -> None:
+    pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+    mounts = {c["name"]: {m["name"] for m in c["volumeMounts"]} for c in pod["containers"] + pod["initContainers"]}
+    assert mounts["publisher"] == {"run", "state", "api-token", "tmp"}
+    assert mounts["install"] == {"cni-bin", "cni-conf", "tmp"}
+    assert "netns" not in {v["name"] for v in pod["volumes"]}  # nothing reads /run/netns
+
+
+def test_generated_manifests_are_not_stale() -> None:
+    proc = subprocess.run([str(REPO / "scripts" / "gen-manifests.sh"), "--check"], capture_output=True, text=True,
+                          env={**os.environ, "HELM": helm_binary()}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+# ---------------------------------------------------------------- the real API server
+
+
+@pytest.mark.controlplane
+def test_rendered_objects_pass_server_side_dry_run(api_client) -> None:
+    ns = f"ncchart-{uuid.uuid4().hex[:6]}"
+    docs = render("namespace.create=true", release="netclaim", namespace=ns)
+    dyn = DynamicClient(api_client)
+    apply_object(dyn, one(docs, "Namespace"), MANAGER, dry_run=False)
+    failures = []
+    try:
+        for doc in docs:
+            try:
+                got = apply_object(dyn, doc, MANAGER, dry_run=True)
+            except Exception as exc:  # report every object, not only the first failure
+                failures.append(f"{doc['kind']}/{doc['metadata']['name']}: {getattr(exc, 'body', exc)}")
+                continue
+            assert got.kind == doc["kind"]
+    finally:
+        client.CoreV1Api(api_client).delete_namespace(ns)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.controlplane
+def test_helm_install_and_uninstall_against_the_real_api_server(control_plane, api_client) -> None:
+    ns = f"ncchart-{uuid.uuid4().hex[:6]}"
+    release = f"nc{uuid.uuid4().hex[:6]}"
+    kubeconfig = control_plane.kubeconfig
+    helm("install", release, str(CHART), "--namespace", ns, "--create-namespace", "--set", f"driverName={DRIVER}",
+         kubeconfig=kubeconfig)
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    name = f"{release}-netclaim"
+    try:
+        role = rbac.read_cluster_role(f"{name}-publisher")
+        [rule] = [r for r in role.rules if r.resources == ["resourceclaims/driver"]]
+        assert rule.resource_names == [DRIVER] and rule.verbs == ["associated-node:patch"]
+        ds = client.AppsV1Api(api_client).read_namespaced_daemon_set(name, ns)
+        assert ds.spec.template.spec.service_account_name == f"{name}-publisher"
+        status = helm("status", release, "--namespace", ns, "-o", "json", kubeconfig=kubeconfig)
+        assert json.loads(status.stdout)["info"]["status"] == "deployed"
+    finally:
+        helm("uninstall", release, "--namespace", ns, "--wait", "--timeout", "60s", kubeconfig=kubeconfig)
+    with pytest.raises(ApiException) as err:
+        rbac.read_cluster_role(f"{name}-publisher")
+    assert err.value.status == 404
+    with pytest.raises(ApiException) as err:
+        client.AppsV1Api(api_client).read_namespaced_daemon_set(name, ns)
+    assert err.value.status == 404
+    client.CoreV1Api(api_client).delete_namespace(ns)

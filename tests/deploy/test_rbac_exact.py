@@ -1,0 +1,254 @@
+"""RBAC exactly as used: every grant is a call the code makes, every call has its grant.
+
+Static half: the API calls are read out of publisher/kube.py (the one module
+that talks to the API server: method, path, watch) and compared with the
+rules the chart renders. Live half: the real publisher, under the shipped
+role with a Node-bound token (a systemd node's credential), goes through its
+whole life on the real API server (start, ADD -> apply, DEL -> removal,
+resync, a refusal -> Warning Event and its series, restart), and the chain
+keeper asks for its DaemonSet; no request may come back 403.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import socket as pysocket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from chartlib import by_kind, render
+from deploylib import DRIVER, REPO, netclaim_publisher_bin, python_env, terminate
+from kubehelpers import (OTHER_DRIVER, allocated_claim, apply_object, create_namespace, create_pod, delete_object,
+                         ensure_node, status_devices, token_request)
+from test_rbac_node_scope import metric, publisher_event, send, wait_for
+
+KUBE_PY = REPO / "publisher" / "kube.py"
+METHOD_VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+
+def path_grant(method: str, path: str, watch: bool) -> Grant:
+    """What RBAC checks for one request path, e.g. /apis/G/V/namespaces/{ns}/R/{name}/S."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    else:
+        group, rest = parts[1], parts[3:]
+    if rest and rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    if method == "GET":
+        verb = "watch" if watch else ("get" if len(rest) > 1 else "list")
+    else:
+        verb = METHOD_VERBS[method]
+    return group, resource, verb
+
+
+def code_grants() -> set[Grant]:
+    """Every request Kube makes: the string arguments of its _request/_json calls."""
+    tree = ast.parse(KUBE_PY.read_text())
+    grants = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef) or fn.name.startswith("_"):
+            continue
+        for call in ast.walk(fn):
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr in ("_request", "_json") and len(call.args) >= 3):
+                method = ast.literal_eval(call.args[1])
+                path = "".join(v.value if isinstance(v, ast.Constant) else "{x}"
+                               for v in (call.args[2].values if isinstance(call.args[2], ast.JoinedStr)
+                                         else [call.args[2]]))
+                watch = "('watch', 'true')" in ast.unparse(call)
+                grants.add(path_grant(method, path, watch))
+    # A server-side apply of status.devices is also checked per driver (1.36+),
+    # as the synthetic subresource resourceclaims/driver with the associated-node verb.
+    if ("resource.k8s.io", "resourceclaims/status", "patch") in grants:
+        grants.add(("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"))
+    return grants
+
+
+def role_grants(docs: list[dict[str, Any]]) -> set[Grant]:
+    out = set()
+    for role in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        out.add((group, resource, verb))
+    return out
+
+
+def test_the_code_makes_the_calls_this_test_reads() -> None:
+    """The reader itself: it must find the calls everybody knows are there."""
+    grants = code_grants()
+    assert {("", "pods", "get"), ("", "pods", "watch"), ("resource.k8s.io", "resourceclaims/status", "patch"),
+            ("events.k8s.io", "events", "create"), ("apps", "daemonsets", "get")} <= grants
+
+
+def test_role_grants_exactly_what_the_code_calls() -> None:
+    granted, called = role_grants(render()), code_grants()
+    assert granted - called == set(), "granted but never called"
+    assert called - granted == set(), "called but not granted"
+    for role in by_kind(render(), "ClusterRole") + by_kind(render(), "Role"):
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+            assert not any(v.startswith("arbitrary-node:") for v in rule["verbs"]), rule
+
+
+# ---------------------------------------------------------------- the real publisher's whole life
+
+
+def chart_rbac(namespace: str, release: str) -> list[dict[str, Any]]:
+    docs = render(f"driverName={DRIVER}", release=release, namespace=namespace)
+    return [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                                             "RoleBinding", "DaemonSet", "ConfigMap")]
+
+
+class Publisher:
+    """The real netclaim-publisher process, started with KUBECONFIG (not --kubeconfig)."""
+
+    def __init__(self, root: Path, kubeconfig: str) -> None:
+        self.root, self.kubeconfig = root, kubeconfig
+        self.sock = root / "run" / "publisher.sock"
+        self.log = root / "publisher.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        with pysocket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+
+    def start(self) -> None:
+        argv = [str(netclaim_publisher_bin()), "run", "--node-name", "node-a", "--socket", str(self.sock),
+                "--state-dir", str(self.root / "state"), "--spool-dir", str(self.root / "spool"),
+                "--metrics-address", f"127.0.0.1:{self.port}", "--resync-interval", "2", "--log-format", "json"]
+        env = {**python_env(), "KUBECONFIG": self.kubeconfig}
+        with self.log.open("a") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        wait_for(lambda: self.ready() or self.proc.poll() is not None, "the publisher to be ready")
+        assert self.proc.poll() is None, self.log.read_text()
+
+    def ready(self) -> bool:
+        import urllib.request
+
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            terminate(self.proc)
+            self.proc = None
+
+    def forbidden(self) -> list[str]:
+        lines = self.log.read_text().splitlines()
+        return [line for line in lines if '"code": 403' in line or "403" in line.split('"msg"')[0]
+                or "Forbidden" in line and "FieldValueForbidden" not in line]
+
+
+@pytest.fixture()
+def node_a(control_plane, tmp_root: Path) -> Iterator[dict[str, Any]]:
+    api = control_plane.api_client()
+    dyn = DynamicClient(api)
+    sfx = uuid.uuid4().hex[:6]
+    ns = f"ncexact-{sfx}"
+    docs = chart_rbac(ns, f"netclaim-{sfx}")
+    try:
+        node = ensure_node(api, "node-a")
+        create_namespace(api, ns)
+        for doc in docs:
+            apply_object(dyn, doc, "netclaim-rbac-test", dry_run=False)
+        sa = by_kind(docs, "ServiceAccount")[0]["metadata"]["name"]
+        token = token_request(api, ns, sa, node, "Node", seconds=900)
+        kubeconfig = control_plane.kubeconfig_for_token(token, tmp_root / "kubeconfig")
+        yield {"api": api, "ns": ns, "docs": docs, "kubeconfig": kubeconfig, "dyn": dyn}
+    finally:
+        for doc in docs:
+            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                delete_object(dyn, doc)
+        try:
+            client.CoreV1Api(api).delete_namespace(ns)
+        except ApiException:
+            pass
+        api.close()
+
+
+def own_entry(api: Any, claim: Any) -> list[dict[str, Any]]:
+    return [d for d in status_devices(api, claim) if d["driver"] == DRIVER]
+
+
+@pytest.mark.controlplane
+def test_publisher_whole_life_under_the_shipped_role_has_no_403(node_a, tmp_root: Path) -> None:
+    api, ns = node_a["api"], node_a["ns"]
+    pod = create_pod(api, ns, "web", "node-a", claim="claim-a")
+    claim = allocated_claim(api, ns, "claim-a", "node-a", pod, [
+        {"request": "nic", "driver": DRIVER, "pool": "node-a", "device": "nic0"},
+        {"request": "other", "driver": OTHER_DRIVER, "pool": "node-a", "device": "dev0"},
+    ])
+    pub = Publisher(tmp_root, node_a["kubeconfig"])
+    pub.start()
+    try:
+        # ADD -> applied.
+        assert send(str(pub.sock), publisher_event(pod, DRIVER, "nic", "c0ffee01", "eth0", "10.88.9.7/16"))["ok"]
+        wait_for(lambda: own_entry(api, claim), "the ADD to be published")
+        # DEL -> removed.
+        from cni_plugin.wire import Event, PodRef
+
+        dele = Event(op="DEL", container_id="c0ffee01", ifname="eth0", driver=DRIVER, request="nic",
+                     pod=PodRef(pod["namespace"], pod["name"], pod["uid"]))
+        assert send(str(pub.sock), dele)["ok"]
+        wait_for(lambda: not own_entry(api, claim), "the DEL to remove the entry")
+        # A refusal (another driver's entry), twice: one Event, the repeat counted.
+        for cid in ("c0ffee02", "c0ffee03"):
+            assert send(str(pub.sock), publisher_event(pod, OTHER_DRIVER, "other", cid, "net1", "10.99.0.7/24"))["ok"]
+        wait_for(lambda: metric(pub.port, "netclaim_apply_errors_total", 'code="422"') >= 2, "two refusals")
+        wait_for(lambda: metric(pub.port, "netclaim_k8s_events_total", 'result="created"') >= 1, "the Event")
+        # Resync passes (every 2 s here).
+        wait_for(lambda: metric(pub.port, "netclaim_resyncs_total", "") >= 1 or
+                 "netclaim_resyncs_total 1" in metrics_text(pub.port), "a resync")
+        # Restart: stopping flushes the series; starting replays the journal and resyncs.
+        pub.stop()
+        [warning] = [e for e in client.EventsV1Api(api).list_namespaced_event(ns).items
+                     if e.reporting_controller == "netclaim.dev/publisher"]
+        assert warning.series is not None and warning.series.count == 2, warning
+        pub.start()
+        assert send(str(pub.sock), publisher_event(pod, DRIVER, "nic", "c0ffee04", "eth0", "10.88.9.8/16"))["ok"]
+        wait_for(lambda: own_entry(api, claim), "the ADD after the restart to be published")
+        text = metrics_text(pub.port)
+        assert 'code="403"' not in text, text
+    finally:
+        pub.stop()
+    assert pub.forbidden() == [], "\n".join(pub.forbidden())
+
+
+def metrics_text(port: int) -> str:
+    import urllib.request
+
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+@pytest.mark.controlplane
+def test_chain_keeper_reads_its_daemonset_under_the_shipped_role(node_a) -> None:
+    """present -> keep the node (upgrade); deleted -> clean it (uninstall); never a 403 before that."""
+    from publisher.chainkeeper import owner_state
+    from publisher.kube import Kube, load_client
+
+    [ds] = by_kind(node_a["docs"], "DaemonSet")
+    api_client = load_client(node_a["kubeconfig"])
+    calls: list[tuple[str, str]] = []
+    kube = Kube(api_client, lambda verb, code: calls.append((verb, code)))
+    ask = lambda: kube.get_daemonset(node_a["ns"], ds["metadata"]["name"])  # noqa: E731
+    assert owner_state(ask) == "present"
+    delete_object(node_a["dyn"], ds)
+    assert owner_state(ask) == "gone"
+    assert calls == [("get", "200"), ("get", "404")]
+    api_client.close()
