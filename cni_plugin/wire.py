@@ -372,15 +372,7 @@ def write_spool(spool_dir: str, event: Event, max_files: int = DEFAULT_SPOOL_MAX
             record_overflow(dfd, event.op)
             raise SpoolFull(_ENOSPC, f"spool is full ({count} files, {size} bytes; caps {max_files}, {max_bytes})")
         name = spool_name(event)
-        tmp = name + ".tmp"
-        fd = os.open(tmp, _NEW_FILE, 0o600, dir_fd=dfd)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        os.fsync(dfd)
+        write_file_at(dfd, name, data)
     finally:
         os.close(dfd)
     return os.path.join(spool_dir, name)
