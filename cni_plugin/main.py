@@ -162,9 +162,16 @@ CNI protocol versions supported: {versions}
 """
 
 
+_MANUAL_FLAGS = ("--help", "-h", "--version")
+
+
 def _by_hand(environ: Mapping[str, str], stdin: IO[bytes], argv: list[str]) -> bool:
-    """A runtime passes no arguments and never a terminal on stdin."""
-    if argv:
+    """--help/--version, or no CNI_COMMAND with a terminal on stdin (a runtime never gives one).
+
+    Other arguments are ignored rather than refused: a runtime passes none,
+    and a wrapper (a bundle's launcher) may pass its own.
+    """
+    if argv and argv[0] in _MANUAL_FLAGS:
         return True
     if environ.get("CNI_COMMAND"):
         return False
@@ -178,18 +185,18 @@ def _manual(argv: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> int:
     """`netclaim --help`, `--version`, or run by hand: say what this is (like libcni's skel)."""
     from . import __version__
 
-    if argv == ["--version"]:
+    if argv[:1] == ["--version"]:
         stdout.write(f"netclaim {__version__}\nCNI protocol versions supported: {', '.join(SUPPORTED_VERSIONS)}\n".encode())
         stdout.flush()
         return 0
     text = USAGE.format(version=__version__, versions=", ".join(SUPPORTED_VERSIONS)).encode()
-    if argv in (["--help"], ["-h"]):
+    if argv[:1] in (["--help"], ["-h"]):
         stdout.write(text)
         stdout.flush()
         return 0
-    stderr.write(text)
+    stderr.write(text)  # run by hand on a terminal: like libcni's skel, say what this is, exit 0
     stderr.flush()
-    return 2 if argv else 0
+    return 0
 
 
 def main(environ: Mapping[str, str] | None = None, stdin: IO[bytes] | None = None,
