@@ -36,7 +36,8 @@ class Log:
             if self.path:
                 try:
                     os.makedirs(os.path.dirname(self.path), mode=0o750, exist_ok=True)
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+                    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                    self._fd = os.open(self.path, flags, 0o640)  # a planted symlink is not followed
                 except OSError:
                     self._fd = 2
         return self._fd
