@@ -104,13 +104,14 @@ check_static() {
 }
 
 build() {
-    local work="$1" json_c="$2" cflags=(-O2 -I"$INCLUDE" -I"$work")
+    local work="$1" json_c="$2" cflags=(-O2 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" -I"$work")
     "$PY" -I -S "$HERE/bundle/freeze.py" --src "$ROOT" --inittab "$HERE/bundle/inittab.c" --out "$work"
     gcc "${cflags[@]}" -c "$HERE/bundle/netclaim.c" -o "$work/netclaim.o"
     gcc "${cflags[@]}" -c "$HERE/bundle/netclaim_sys.c" -o "$work/netclaim_sys.o"
     gcc "${cflags[@]}" -c "$HERE/bundle/inittab.c" -o "$work/inittab.o"
-    gcc -O1 -I"$INCLUDE" -I"$work" -c "$work/frozen.c" -o "$work/frozen.o"
-    gcc "${cflags[@]}" -I"$INCLUDE/internal" -DPy_BUILD_CORE_BUILTIN -c "$json_c" -o "$work/_json.o"
+    gcc -O1 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" -I"$work" -c "$work/frozen.c" -o "$work/frozen.o"
+    gcc "${cflags[@]}" -ffile-prefix-map="$(dirname "$json_c")"=Modules -I"$INCLUDE/internal" -DPy_BUILD_CORE_BUILTIN \
+        -c "$json_c" -o "$work/_json.o"
     # glibc warns that getaddrinfo/getpwnam & co. need its NSS modules at run
     # time in a static binary; the plugin never resolves names or users (it
     # speaks AF_UNIX and AF_NETLINK only), and pwd/grp are not even built in.

@@ -1,11 +1,17 @@
-"""plugin: netclaim CNI ADD/DEL vs Go tuning and the bare-Python floor.
+"""plugin: the installed netclaim plugin (static bundle) vs the source launcher, Go tuning and the Python floor.
 
 Every figure is a median of interleaved runs in one process, against references
-measured side by side: `python3 -I -S -c pass` (the floor any Python plugin
-pays) and the Go reference `tuning` plugin on the same prevResult. The sandbox
-is a real netns with a veth eth0 (IPv4 + IPv6). The publisher is absent by
-default, so each ADD/DEL spools durably (fsync) to a temp dir — the slower of
-the two hand-off paths; `ack` rows use a trivial acking test server instead.
+measured side by side: `/usr/bin/python3 -I -S -c pass` (the floor any Python
+plugin pays; the host's Debian interpreter, the one the bundle's static
+libpython comes from), the same plugin started from the source tree by the
+`#!python3 -IS` launcher, and the Go reference `tuning` plugin on the same
+prevResult. "bundle" is what scripts/install.sh puts into the CNI bin dir: the
+fully static executable built by scripts/build-plugin.sh. The sandbox is a
+real netns with a veth eth0 (IPv4 + IPv6). The publisher is absent by default,
+so each ADD/DEL spools durably (fsync) to a temp dir, the slower of the two
+hand-off paths; `ack` rows use a trivial acking test server instead.
+
+    scripts/bench.py plugin [--runs N] [--doc docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -25,13 +31,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = {"report_only_add_x_floor": 1.5, "setup_add_x_floor": 3.0, "report_only_peak_rss_mib": 30.0}
+HEADLINE = "bundle ADD report-only (read-back, spool)"
+FLOOR = "floor python3 -I -S -c pass"
+ROUNDS = 5  # per-round medians give the ratio's range
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--runs", type=int, default=40, help="runs per case (interleaved)")
     parser.add_argument("--cni-bin", default="/usr/lib/cni", help="directory with the Go reference plugins")
-    parser.add_argument("--python", default=sys.executable, help="interpreter for the launcher and the floor")
+    parser.add_argument("--python", default="/usr/bin/python3", help="interpreter for the source launcher and the floor")
     parser.add_argument("--root", default=str(REPO), help="directory containing the cni_plugin package to time")
+    parser.add_argument("--doc", default="", help="rewrite this file's `plugin` section with the figures")
 
 
 def _run_timed(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[float, int, bytes]:
@@ -98,6 +108,43 @@ def _sh(*argv: str) -> str:
     return subprocess.run(list(argv), check=True, capture_output=True, text=True).stdout
 
 
+def _install_bundle(tmp: Path) -> tuple[str, Path]:
+    """scripts/install.sh into a temp bin dir, as an operator installs it; returns (exe, source bundle)."""
+    conflist = tmp / "net.d" / "10-bench.conflist"
+    conflist.parent.mkdir()
+    conflist.write_text(json.dumps({"cniVersion": "1.0.0", "name": "bench", "plugins": [{"type": "bridge"}]}))
+    built = _sh("bash", str(REPO / "scripts" / "build-plugin.sh")).strip().splitlines()[-1]
+    _sh("bash", str(REPO / "scripts" / "install.sh"), "--cni-bin-dir", str(tmp / "bin"), "--conflist", str(conflist),
+        "--driver-name", "net.example.com", "--bundle", built)
+    return str(tmp / "bin" / "netclaim"), Path(built)
+
+
+def _netns(ns: str) -> tuple[str, dict]:
+    """A netns with a veth eth0 (IPv4 + IPv6); returns its path and a bridge-like prevResult."""
+    _sh("ip", "netns", "add", ns)
+    # No dummy driver on these kernels: a veth pair with both ends in the netns.
+    _sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
+    _sh("ip", "-n", ns, "link", "set", "peer0", "up")
+    _sh("ip", "-n", ns, "addr", "add", "10.77.0.5/24", "dev", "eth0")
+    _sh("ip", "-n", ns, "addr", "add", "fd00:77::5/64", "dev", "eth0")
+    _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+    mac = json.loads(_sh("ip", "-j", "-n", ns, "link", "show", "eth0"))[0]["address"]
+    netns = f"/run/netns/{ns}"
+    # The shape Debian's bridge plugin prints: mac but no mtu, so read-back runs.
+    prev = {"cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "mac": mac, "sandbox": netns}],
+            "ips": [{"address": "10.77.0.5/24", "interface": 0}, {"address": "fd00:77::5/64", "interface": 0}]}
+    return netns, prev
+
+
+def _empty(directory: Path) -> None:
+    """Keep the spool small between rounds (untimed): every case measures the same spool."""
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if child.is_file():
+                child.unlink()
+
+
 def run(args) -> dict:
     sys.path.insert(0, str(REPO))
     from cni_plugin.launcher import install
@@ -106,20 +153,9 @@ def run(args) -> dict:
     ns = f"ncbench-{secrets.token_hex(3)}"
     server = None
     try:
-        exe = install(str(tmp / "netclaim"), python=args.python, root=args.root)
-        _sh("ip", "netns", "add", ns)
-        # No dummy driver on these kernels: a veth pair with both ends in the netns.
-        _sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
-        _sh("ip", "-n", ns, "link", "set", "peer0", "up")
-        _sh("ip", "-n", ns, "addr", "add", "10.77.0.5/24", "dev", "eth0")
-        _sh("ip", "-n", ns, "addr", "add", "fd00:77::5/64", "dev", "eth0")
-        _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-        mac = json.loads(_sh("ip", "-j", "-n", ns, "link", "show", "eth0"))[0]["address"]
-        netns = f"/run/netns/{ns}"
-        # The shape Debian's bridge plugin prints: mac but no mtu, so read-back runs.
-        prev = {"cniVersion": "1.0.0",
-                "interfaces": [{"name": "eth0", "mac": mac, "sandbox": netns}],
-                "ips": [{"address": "10.77.0.5/24", "interface": 0}, {"address": "fd00:77::5/64", "interface": 0}]}
+        bundle, built = _install_bundle(tmp)
+        launcher = install(str(tmp / "launcher-netclaim"), python=args.python, root=args.root)
+        netns, prev = _netns(ns)
         prev_full = json.loads(json.dumps(prev))
         prev_full["interfaces"][0]["mtu"] = 1500
         paths = {"spoolDir": str(tmp / "spool"), "stateDir": str(tmp / "state"), "logFile": str(tmp / "plugin.log")}
@@ -141,15 +177,19 @@ def run(args) -> dict:
 
         # Each case: (argv, env, stdin) and an optional undo run (not timed).
         cases = {
-            "floor python3 -I -S -c pass": (([args.python, "-I", "-S", "-c", "pass"], {}, b""), None),
+            FLOOR: (([args.python, "-I", "-S", "-c", "pass"], {}, b""), None),
             "tuning ADD (no settings)": (cni("ADD", go_tuning, tuning), cni("DEL", go_tuning, tuning)),
-            "netclaim ADD report-only (read-back, spool)": (cni("ADD", exe, nc), None),
-            "netclaim ADD report-only (no read-back, spool)": (cni("ADD", exe, nc_full), None),
-            "netclaim ADD report-only (read-back, ack)": (cni("ADD", exe, nc_ack), None),
+            HEADLINE: (cni("ADD", bundle, nc), None),
+            "launcher ADD report-only (read-back, spool)": (cni("ADD", launcher, nc), None),
+            "bundle ADD report-only (no read-back, spool)": (cni("ADD", bundle, nc_full), None),
+            "bundle ADD report-only (read-back, ack)": (cni("ADD", bundle, nc_ack), None),
             "tuning ADD mtu+txQLen": (cni("ADD", go_tuning, tuning_setup), cni("DEL", go_tuning, tuning_setup)),
-            "netclaim ADD mtu+txQueueLen (spool)": (cni("ADD", exe, nc_setup), cni("DEL", exe, nc_setup)),
+            "bundle ADD mtu+txQueueLen (spool)": (cni("ADD", bundle, nc_setup), cni("DEL", bundle, nc_setup)),
+            "launcher ADD mtu+txQueueLen (spool)": (cni("ADD", launcher, nc_setup), cni("DEL", launcher, nc_setup)),
             "tuning DEL": (cni("DEL", go_tuning, tuning), None),
-            "netclaim DEL (spool)": (cni("DEL", exe, nc), None),
+            "bundle DEL (spool)": (cni("DEL", bundle, nc), None),
+            "launcher DEL (spool)": (cni("DEL", launcher, nc), None),
+            "bundle VERSION": (cni("VERSION", bundle, {"cniVersion": "1.0.0"}), None),
         }
         walls: dict[str, list[float]] = {k: [] for k in cases}
         rss: dict[str, list[int]] = {k: [] for k in cases}
@@ -161,37 +201,83 @@ def run(args) -> dict:
                 walls[name].append(wall)
                 if undo:
                     _run_timed(*undo)
+            _empty(tmp / "spool")
         for _ in range(5):
             for name, (call, undo) in cases.items():
                 rss[name].append(_peak_rss_kib(*call, out_file=str(tmp / "rss")))
                 if undo:
                     _run_timed(*undo)
-        floor = statistics.median(walls["floor python3 -I -S -c pass"])
-        rows = {}
-        for name in cases:
-            med = statistics.median(walls[name])
-            rows[name] = {"median_ms": round(med * 1000, 2), "x_floor": round(med / floor, 2),
-                          "peak_rss_mib": round(max(rss[name]) / 1024, 1)}
-        figures = {
-            "runs": args.runs,
-            "publisher": "absent (events spooled with fsync to a temp dir); 'ack' row: trivial acking server",
-            "floor_ms": round(floor * 1000, 2),
-            "cases": rows,
-            "report_only_add_x_floor": rows["netclaim ADD report-only (read-back, spool)"]["x_floor"],
-            "setup_add_x_floor": rows["netclaim ADD mtu+txQueueLen (spool)"]["x_floor"],
-            "report_only_peak_rss_mib": rows["netclaim ADD report-only (read-back, spool)"]["peak_rss_mib"],
-            "targets": TARGETS,
-        }
-        figures["vs_tuning_add"] = round(rows["netclaim ADD report-only (read-back, spool)"]["median_ms"]
-                                         / rows["tuning ADD (no settings)"]["median_ms"], 2)
-        figures["meets_targets"] = {k: figures[k] <= v for k, v in TARGETS.items()}
+        figures = _figures(args.runs, walls, rss, built)
         _print(figures)
+        if args.doc:
+            write_section(Path(args.doc), figures)
         return figures
     finally:
         if server:
             server.close()
         subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _round_ratios(walls: dict[str, list[float]], name: str) -> list[float]:
+    """The case/floor ratio of each consecutive block of runs: the spread noise leaves."""
+    n = len(walls[FLOOR])
+    size = max(1, n // ROUNDS)
+    out = []
+    for start in range(0, n - size + 1, size):
+        block = slice(start, start + size)
+        out.append(statistics.median(walls[name][block]) / statistics.median(walls[FLOOR][block]))
+    return out
+
+
+def _figures(runs: int, walls: dict[str, list[float]], rss: dict[str, list[int]], built: Path) -> dict:
+    floor = statistics.median(walls[FLOOR])
+    rows = {}
+    for name in walls:
+        med = statistics.median(walls[name])
+        rows[name] = {"median_ms": round(med * 1000, 2), "x_floor": round(med / floor, 2),
+                      "peak_rss_mib": round(max(rss[name]) / 1024, 1)}
+    head = _round_ratios(walls, HEADLINE)
+    launcher = _round_ratios(walls, "launcher ADD report-only (read-back, spool)")
+    figures = {
+        "description": (
+            "`bundle` = the installed plugin: one fully static executable (scripts/build-plugin.sh; "
+            "no Python, no shared library on the node). `launcher` = the same code from the source tree "
+            "through `#!/usr/bin/python3 -IS`. Floor = the host's Debian `/usr/bin/python3 -I -S -c pass`. "
+            "Runs of all cases are interleaved; the range is over per-block ratios."),
+        "runs": runs,
+        "publisher": "absent (events spooled with fsync to a temp dir); 'ack' row: trivial acking server",
+        "floor": "/usr/bin/python3 -I -S -c pass (Debian python3.11, host)",
+        "floor_ms": round(floor * 1000, 2),
+        "cases": rows,
+        "report_only_add_x_floor": rows[HEADLINE]["x_floor"],
+        "report_only_add_x_floor_range": [round(min(head), 2), round(max(head), 2)],
+        "launcher_report_only_add_x_floor": rows["launcher ADD report-only (read-back, spool)"]["x_floor"],
+        "launcher_report_only_add_x_floor_range": [round(min(launcher), 2), round(max(launcher), 2)],
+        "setup_add_x_floor": rows["bundle ADD mtu+txQueueLen (spool)"]["x_floor"],
+        "report_only_peak_rss_mib": rows[HEADLINE]["peak_rss_mib"],
+        "bundle_bytes": built.stat().st_size,
+        "targets": TARGETS,
+    }
+    figures["vs_tuning_add"] = round(rows[HEADLINE]["median_ms"] / rows["tuning ADD (no settings)"]["median_ms"], 2)
+    figures["meets_targets"] = {k: figures[k] <= v for k, v in TARGETS.items()}
+    return figures
+
+
+def write_section(doc: Path, figures: dict) -> None:
+    """Replace only the `## Suite \`plugin\`` section of the benchmarks doc (others own the rest)."""
+    from benchlib.report import _cases_table, _flatten
+
+    rest = {k: v for k, v in figures.items() if k not in ("cases", "description")}
+    rows: list[tuple[str, str]] = []
+    _flatten("", rest, rows)
+    section = ["## Suite `plugin`", "", figures["description"], "", *_cases_table(figures["cases"]),
+               "| figure | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
+    text = doc.read_text()
+    start = text.index("## Suite `plugin`")
+    nxt = text.find("\n## ", start + 1)
+    end = len(text) if nxt < 0 else nxt + 1
+    doc.write_text(text[:start] + "\n".join(section) + "\n" + text[end:])
 
 
 def _print(figures: dict) -> None:
