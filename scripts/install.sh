@@ -16,8 +16,8 @@
 #   --log-file FILE        the plugin's log file (JSON lines)
 #   --failure-policy P     Ignore (default: a pod never fails because of netclaim) or Fail
 #   --bundle FILE          the self-contained plugin executable to install (default: `netclaim`
-#                          beside this script, as in the image, else what scripts/build-plugin.sh
-#                          builds from this checkout)
+#                          beside this script or in ../bin (the image's /opt/netclaim/bin), else
+#                          what scripts/build-plugin.sh builds from this checkout)
 #   --python PATH          interpreter for this installer's conflist editor only (default: the
 #                          image's venv, this checkout's .venv, else python3); the plugin needs none
 #   --host-root DIR        the node's root file system is mounted at DIR (an init container):
@@ -90,11 +90,14 @@ parse_args() {
 
 # The one place that decides what the runtime executes: the self-contained
 # plugin. An explicit --bundle wins; an install kit (the image) carries it
-# beside this script; a source checkout builds it (cached) with build-plugin.sh.
+# beside this script or in ../bin; a source checkout builds it (cached) with
+# build-plugin.sh.
 resolve_bundle() {
     if [[ -z "$BUNDLE" ]]; then
         if [[ -f "$HERE/netclaim" ]]; then
             BUNDLE="$HERE/netclaim"
+        elif [[ -f "$HERE/../bin/netclaim" ]]; then
+            BUNDLE="$HERE/../bin/netclaim"
         elif [[ -x "$HERE/build-plugin.sh" ]]; then
             BUNDLE="$("$HERE/build-plugin.sh")" || die "scripts/build-plugin.sh failed"
         else

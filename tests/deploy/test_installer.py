@@ -285,13 +285,14 @@ def test_installed_plugin_runs(tmp_root: Path) -> None:
 
 
 def test_install_kit_uses_the_plugin_beside_the_script(tmp_root: Path, bundle: Path) -> None:
-    """The image's layout: install.sh, conflist_edit.py and the netclaim executable
-    side by side, no source tree and no build script: that executable is installed."""
+    """The image's layout: /opt/netclaim/scripts/{install.sh,conflist_edit.py} and
+    /opt/netclaim/bin/netclaim, no source tree and no build script: that executable is installed."""
     kit = tmp_root / "opt" / "netclaim" / "scripts"
     kit.mkdir(parents=True)
     for name in ("install.sh", "conflist_edit.py"):
         shutil.copy2(REPO / "scripts" / name, kit / name)
-    shutil.copy2(bundle, kit / "netclaim")
+    (kit.parent / "bin").mkdir()
+    shutil.copy2(bundle, kit.parent / "bin" / "netclaim")
     # The image's venv (the publisher package, which the conflist editor shares) beside the kit.
     (kit.parent / "venv").symlink_to(REPO / ".venv")
     host = tmp_root / "host"
@@ -304,6 +305,6 @@ def test_install_kit_uses_the_plugin_beside_the_script(tmp_root: Path, bundle: P
     assert proc.returncode == 0, proc.stderr
 
     installed = host / "opt" / "cni" / "bin" / "netclaim"
-    assert_is_the_bundle(installed, kit / "netclaim")
+    assert_is_the_bundle(installed, kit.parent / "bin" / "netclaim")
     answer = run_plugin(installed, "VERSION", {"cniVersion": "1.0.0"})
     assert answer.returncode == 0 and "1.0.0" in json.loads(answer.stdout)["supportedVersions"]
