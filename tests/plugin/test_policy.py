@@ -37,7 +37,7 @@ _DROP = object()
 
 
 def _exec(exe: str, command: str, conf: dict | bytes, **kw: str) -> tuple[int, str, str]:
-    netns = kw.pop("netns", "/run/netns/ncpl-none" if command == "ADD" else "")
+    netns = kw.pop("netns", "/run/netns/ncpl-none" if command in ("ADD", "CHECK") else "")
     stdin = conf if isinstance(conf, bytes) else None
     return run_plugin(exe, command, conf if isinstance(conf, dict) else {}, netns=netns, stdin=stdin,
                       args=POD_ARGS, **kw)
@@ -270,3 +270,32 @@ def test_status_with_invalid_config(plugin_exe: str, dirs: Dirs, extra: dict, po
         assert (rc, out) == (0, ""), out + err
     else:
         assert rc == 1 and _error(out)["code"] == code, out + err
+
+
+# ------------------------------------------------------------------ protocol rows (every verb)
+
+
+@pytest.mark.parametrize("command,extra,env,code", [
+    ("CHECK", {"cniVersion": "0.3.1"}, {}, 1),
+    ("GC", {"cniVersion": "1.0.0"}, {}, 1),
+    ("GC", {}, {}, 7),  # no cni.dev/valid-attachments
+    ("ADD", {"interface": {"mtu": 1400}}, {"netns": "/run/netns/ncpl-none"}, 3),
+    ("ADD", {}, {"ifname": "a b"}, 4),
+    ("STATUS", {}, {"container_id": "bad/id"}, 4),
+    ("GC", {"cni.dev/valid-attachments": []}, {"ifname": "x" * 16}, 4),
+], ids=["check-predates", "gc-predates", "gc-no-attachments", "add-netns-unknown", "add-bad-ifname",
+        "status-bad-containerid", "gc-long-ifname"])
+def test_protocol_errors_keep_their_spec_code(plugin_exe: str, dirs: Dirs, command: str, extra: dict, env: dict,
+                                              code: int) -> None:
+    conf = _conf(dirs, command, "Ignore", **extra)
+    if command == "CHECK":
+        conf["prevResult"] = dict(MAC_MTU_PREV, cniVersion="0.3.1")
+    rc, out, err = _exec(plugin_exe, command, conf, **env)
+    assert rc == 1 and _error(out)["code"] == code, out + err
+
+
+@pytest.mark.parametrize("command", ["ADD", "CHECK", "GC", "STATUS"])
+@pytest.mark.parametrize("stdin", [b"{\"cniVersion\": \"1.1.0\", \"name\": \"x", b"\xc3(", b"1e400", b"{} {}"])
+def test_undecodable_stdin_is_6_for_every_verb(plugin_exe: str, command: str, stdin: bytes) -> None:
+    rc, out, _ = _exec(plugin_exe, command, stdin)
+    assert rc == 1 and _error(out)["code"] == 6
