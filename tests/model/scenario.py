@@ -1,0 +1,345 @@
+"""One sequence of what a node does, step by step, with the model kept in step.
+
+The state machine (test_reconcile_model.py) and the replayed regressions
+(test_regressions.py) both drive a `Scenario`: its public methods are the steps,
+with the same names and arguments as the machine's rules, so a failing sequence
+printed by hypothesis is pasted into test_regressions.py as a step list.
+Index arguments (`pick`, `slot`) are taken modulo the choices that exist at that
+point, so every printed step list replays exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from modelkit import (CLAIMS, DRIVER, MERGE, NETWORKS, NODE, QUIESCE_TIMEOUT, ClaimModel, Credentials, Known,
+                      Model, PluginRunner, Proxy, PublisherProc, Sandbox, delete_pod, observed_devices)
+
+SLOTS = 3
+
+
+@dataclass
+class Harness:
+    """What lives across sequences: the namespace, proxy, credentials, publisher, plugin runner."""
+
+    api: client.ApiClient
+    control_plane: Any
+    workdir: Path
+    namespace: str
+    proxy: Proxy
+    creds: Credentials
+    publisher: PublisherProc
+    plugin: PluginRunner
+    apiserver_up: bool = True
+    sequences: int = 0
+    sandboxes: int = 0
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def resource(self) -> client.ResourceV1Api:
+        return client.ResourceV1Api(self.api)
+
+
+@dataclass
+class Slot:
+    name: str = ""
+    uid: str = ""
+    generation: int = 0
+
+
+@dataclass
+class Scenario:
+    h: Harness
+    model: Model = field(init=False)
+    sid: str = ""
+    heavy: bool = False
+    slots: list[Slot] = field(default_factory=list)
+    sandboxes: list[Sandbox] = field(default_factory=list)
+    added: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)  # -> ADD's printed result
+    live: set[tuple[int, str]] = field(default_factory=set)  # the runtime's view
+    drifted: set[tuple[int, str]] = field(default_factory=set)
+    kills: int = 0
+    apiserver_restarts: int = 0
+    rotations: int = 0
+    log: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------ setup
+
+    def begin(self, heavy: bool = False) -> None:
+        self.h.sequences += 1
+        self.sid = f"{self.h.sequences}{uuid.uuid4().hex[:4]}"
+        self.heavy = heavy
+        self.model = Model(self.h.namespace)
+        for base, request in CLAIMS.items():
+            name = f"{base}-{self.sid}"
+            self.h.resource.create_namespaced_resource_claim(self.h.namespace, {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+                "spec": {"devices": {"requests": [{"name": request, "exactly": {"deviceClassName": DRIVER}}]}}})
+            self.model.claims[base] = ClaimModel(name, request)
+        self.slots = [Slot() for _ in range(SLOTS)]
+        for slot in range(SLOTS):
+            self._create_pod(slot)
+        self.allocate(claim="ca", slot=0, device="dev0", node=NODE)
+        self.allocate(claim="cb", slot=1, device="dev0", node=NODE)
+
+    def _create_pod(self, slot: int) -> None:
+        s = self.slots[slot]
+        s.generation += 1
+        s.name = f"p{slot}-{self.sid}-{s.generation}"
+        claims = [c.name for c in self.model.claims.values()]
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": s.name},
+                "spec": {"nodeName": NODE,
+                         "containers": [{"name": "c", "image": "local/pause:1",
+                                         "resources": {"claims": [{"name": f"c{i}"} for i in range(len(claims))]}}],
+                         "resourceClaims": [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]}}
+        s.uid = self.h.core.create_namespaced_pod(self.h.namespace, body).metadata.uid
+        self.model.live_pods[s.uid] = s.name
+
+    # ------------------------------------------------------------ what can happen now
+
+    def alive_slots(self) -> list[int]:
+        return [i for i, s in enumerate(self.slots) if s.uid]
+
+    def addable(self) -> list[tuple[int, str]]:
+        return [(i, ifname) for i, sb in enumerate(self.sandboxes) for ifname in NETWORKS
+                if (i, ifname) not in self.added and sb.pod_uid in self.model.live_pods]
+
+    def deletable(self) -> list[tuple[int, str]]:
+        return sorted(self.live)
+
+    # ------------------------------------------------------------ CNI verbs through the real plugin
+
+    def new_sandbox(self, slot: int) -> None:
+        alive = self.alive_slots()
+        s = self.slots[alive[slot % len(alive)]]
+        self.h.sandboxes += 1
+        index = self.h.sandboxes
+        sb = Sandbox(index, alive[slot % len(alive)], s.name, s.uid, f"mc{uuid.uuid4().hex}", f"mdl-{uuid.uuid4().hex[:10]}")
+        sb.create()
+        self.sandboxes.append(sb)
+        self.log.append(f"sandbox {index}: pod {s.name} netns {sb.netns}")
+
+    def _pod(self, sb: Sandbox) -> tuple[str, str, str]:
+        return (self.h.namespace, sb.pod_name, sb.pod_uid)
+
+    def add(self, pick: int, channel: str) -> None:
+        i, ifname = self.addable()[pick % len(self.addable())]
+        sb = self.sandboxes[i]
+        conf = self.h.plugin.conf(ifname, channel, sb.prev_result(ifname))
+        out = self.h.plugin.invoke("ADD", conf, sb.cid, ifname, sb.path, self._pod(sb))
+        assert out.returncode == 0, f"plugin ADD failed: {out.stdout} {out.stderr}"
+        result = json.loads(out.stdout)
+        self.added[(i, ifname)] = result
+        self.live.add((i, ifname))
+        seq = self.model.tick()
+        self.model.known[(sb.cid, ifname)] = Known(sb.cid, ifname, sb.pod_uid, seq, True, list(sb.ips[ifname]),
+                                                   sb.mac(ifname))
+
+    def delete(self, pick: int, channel: str) -> None:
+        i, ifname = self.deletable()[pick % len(self.deletable())]
+        sb = self.sandboxes[i]
+        conf = self.h.plugin.conf(ifname, channel, self.added[(i, ifname)])
+        out = self.h.plugin.invoke("DEL", conf, sb.cid, ifname, sb.path, self._pod(sb))
+        assert out.returncode == 0, f"plugin DEL failed: {out.stdout} {out.stderr}"
+        self.live.discard((i, ifname))
+        self.model.tick()
+        if channel != "lost":
+            self.model.known.pop((sb.cid, ifname), None)
+
+    def check(self, pick: int, channel: str) -> None:
+        i, ifname = self.deletable()[pick % len(self.deletable())]
+        sb = self.sandboxes[i]
+        conf = self.h.plugin.conf(ifname, channel, self.added[(i, ifname)])
+        out = self.h.plugin.invoke("CHECK", conf, sb.cid, ifname, sb.path, self._pod(sb))
+        drifted = (i, ifname) in self.drifted
+        assert (out.returncode != 0) == drifted, f"plugin CHECK (drift={drifted}): {out.stdout} {out.stderr}"
+        self.model.tick()
+        known = self.model.known.get((sb.cid, ifname))
+        if known:
+            known.ready = not drifted
+
+    def drift(self, pick: int) -> None:
+        i, ifname = self.deletable()[pick % len(self.deletable())]
+        if (i, ifname) not in self.drifted:
+            self.sandboxes[i].drift(ifname)
+            self.drifted.add((i, ifname))
+
+    def gc(self, network: int, channel: str) -> None:
+        """The runtime's GC of one network, listing the attachments it has live on it."""
+        ifname = list(NETWORKS)[network % len(NETWORKS)]
+        valid = [{"containerID": self.sandboxes[i].cid, "ifname": f} for i, f in sorted(self.live) if f == ifname]
+        conf = self.h.plugin.conf(ifname, channel, None)
+        conf["cni.dev/valid-attachments"] = valid
+        out = self.h.plugin.invoke("GC", conf)
+        assert out.returncode == 0, f"plugin GC failed: {out.stdout} {out.stderr}"
+        self.model.tick()
+        keep = {(a["containerID"], a["ifname"]) for a in valid}
+        for key in [k for k in self.model.known if k[1] == ifname and k not in keep]:
+            del self.model.known[key]
+
+    # ------------------------------------------------------------ publisher, network, API server, credentials
+
+    def kill_publisher(self) -> None:
+        self.h.publisher.kill()
+        self.kills += 1
+
+    def start_publisher(self) -> None:
+        self.h.publisher.start()
+
+    def cut_api(self) -> None:
+        self.h.proxy.cut()
+
+    def restore_api(self) -> None:
+        self.h.proxy.restore()
+
+    def stop_apiserver(self) -> None:
+        self.h.control_plane.stop_apiserver()
+        self.h.apiserver_up = False
+        self.apiserver_restarts += 1
+
+    def start_apiserver(self) -> None:
+        self.h.control_plane.start_apiserver()
+        self.h.apiserver_up = True
+
+    def rotate_token(self) -> None:
+        self.h.creds.rotate()
+        self.rotations += 1
+
+    # ------------------------------------------------------------ the scheduler and the user
+
+    def allocate(self, claim: str, slot: int | None, device: str, node: str) -> None:
+        """Deallocate (slot None), or reallocate to the pod in `slot` as the scheduler would."""
+        c = self.model.claims[claim]
+        self._patch_status(c.name, {"reservedFor": None, "allocation": None})
+        c.device = c.node = c.reserved_uid = c.reserved_name = ""
+        if slot is None:
+            return
+        alive = self.alive_slots()
+        if not alive:
+            return
+        s = self.slots[alive[slot % len(alive)]]
+        self._patch_status(c.name, {
+            "allocation": {"devices": {"results": [{"request": c.request, "driver": DRIVER, "pool": node,
+                                                    "device": device}]},
+                           "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                               {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": s.name, "uid": s.uid}]})
+        c.device, c.node, c.reserved_uid, c.reserved_name = device, node, s.uid, s.name
+
+    def _patch_status(self, name: str, status: dict[str, Any]) -> None:
+        self.h.resource.patch_namespaced_resource_claim_status(name, self.h.namespace, {"status": status},
+                                                                _content_type=MERGE)
+
+    def delete_pod(self, slot: int) -> None:
+        alive = self.alive_slots()
+        s = self.slots[alive[slot % len(alive)]]
+        delete_pod(self.h.api, self.h.namespace, s.name)
+        self.model.live_pods.pop(s.uid, None)
+        s.uid = ""
+
+    def recreate_pod(self, slot: int) -> None:
+        dead = [i for i, s in enumerate(self.slots) if not s.uid]
+        self._create_pod(dead[slot % len(dead)])
+
+    # ------------------------------------------------------------ quiescence and the invariant
+
+    def observed(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for base, c in self.model.claims.items():
+            obj = self.h.resource.read_namespaced_resource_claim(c.name, self.h.namespace, _preload_content=False)
+            status = json.loads(obj.data).get("status") or {}
+            out[base] = observed_devices(status.get("devices") or [])
+        return out
+
+    def expected(self) -> dict[str, dict[str, Any]]:
+        return {base: self.model.expected_devices(base) for base in self.model.claims}
+
+    def _resyncs(self) -> float:
+        return self.h.publisher.metric("netclaim_resyncs_total") or 0.0
+
+    def _wait_resyncs(self, count: int, deadline: float) -> None:
+        start = self._resyncs()
+        while time.time() < deadline and self._resyncs() < start + count:
+            time.sleep(0.05)
+
+    def settle(self) -> None:
+        """Back to a healthy node, then wait for quiescence: spool drained, the claims as the
+        model says, and still so after a full resync pass that started after they matched."""
+        if not self.h.proxy.up:
+            self.h.proxy.restore()
+        if not self.h.apiserver_up:
+            self.start_apiserver()
+        if not self.h.publisher.running:
+            self.h.publisher.start()
+        deadline = time.time() + QUIESCE_TIMEOUT
+        expected = self.expected()
+        observed: dict[str, Any] = {}
+        while time.time() < deadline:
+            if not self.h.publisher.spooled():
+                observed = self.observed()
+                if observed == expected:
+                    self._wait_resyncs(2, deadline)
+                    observed = self.observed()
+                    if observed == expected and not self.h.publisher.spooled():
+                        return
+            time.sleep(0.1)
+        raise AssertionError(self.report(expected, observed))
+
+    def report(self, expected: dict[str, Any], observed: dict[str, Any]) -> str:
+        lines = [f"claims never matched the model within {QUIESCE_TIMEOUT:.0f}s (namespace {self.h.namespace})"]
+        for base in sorted(expected):
+            if expected[base] != observed.get(base):
+                c = self.model.claims[base]
+                lines.append(f"  claim {c.name} (device {c.device or '-'} node {c.node or '-'} "
+                             f"reservedFor {c.reserved_name or '-'}):")
+                lines.append(f"    expected {json.dumps(expected[base], sort_keys=True)}")
+                lines.append(f"    observed {json.dumps(observed.get(base), sort_keys=True)}")
+        lines.append(f"  spool: {self.h.publisher.spooled()}")
+        st = self.h.publisher.status() or {}
+        lines.append(f"  publisher status: depth={st.get('journal_depth')} failed={st.get('failed_events')} "
+                     f"last_error={st.get('last_error')}")
+        lines.extend(f"  {line}" for line in self.log)
+        lines.append("  publisher log tail:\n" + self.h.publisher.log_tail(3000))
+        return "\n".join(lines)
+
+    def cleanup(self) -> None:
+        """Leave nothing for the next sequence: a healthy node, no claims, pods or netns."""
+        if not self.h.proxy.up:
+            self.h.proxy.restore()
+        if not self.h.apiserver_up:
+            self.start_apiserver()
+        if not self.h.publisher.running:
+            self.h.publisher.start()
+        for c in getattr(self, "model", Model("")).claims.values():
+            try:
+                self.h.resource.delete_namespaced_resource_claim(c.name, self.h.namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        for s in self.slots:
+            if s.uid:
+                delete_pod(self.h.api, self.h.namespace, s.name)
+        for sb in self.sandboxes:
+            sb.destroy()
+
+
+def replay(h: Harness, steps: list[tuple[str, dict[str, Any]]]) -> None:
+    """Run a step list (a sequence hypothesis printed) and check the invariant at the end."""
+    s = Scenario(h)
+    try:
+        for name, kwargs in steps:
+            getattr(s, name)(**kwargs)
+        s.settle()
+    finally:
+        s.cleanup()

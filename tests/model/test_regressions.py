@@ -1,0 +1,103 @@
+"""Explicit step lists replayed on the real stack, checked against the same model.
+
+Two kinds:
+- one named test per defect of issue 9 that the model covers (items 1-4, and the
+  outage/restart paths the invariant depends on);
+- every sequence the model test ever failed on (FOUND), pasted from hypothesis's
+  printed steps (`state.add(pick=0, channel='spool')` -> ("add", {"pick": 0, ...})).
+  They stay here once fixed.
+
+Steps are Scenario methods (tests/model/scenario.py); indexes are taken modulo
+the choices that exist at that step, exactly as in the state machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from modelkit import NODE
+from scenario import Harness, replay
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.netns]
+
+Steps = list[tuple[str, dict[str, Any]]]
+
+
+def begin(heavy: bool = False) -> tuple[str, dict[str, Any]]:
+    return ("begin", {"heavy": heavy})
+
+
+# ---------------------------------------------------------------- issue 9, one test per defect
+
+
+def test_defect1_a_gc_spares_sandboxes_added_after_it(harness: Harness) -> None:
+    """A GC spooled (socket unreachable) before a later ADD must not remove that ADD."""
+    replay(harness, [begin(), ("new_sandbox", {"slot": 0}), ("gc", {"network": 0, "channel": "spool"}),
+                     ("add", {"pick": 0, "channel": "socket"})])
+
+
+def test_defect1_a_gc_during_publisher_restart_spares_new_pods(harness: Harness) -> None:
+    """Node reboot: the runtime GCs while the publisher is down, then kubelet starts pods."""
+    replay(harness, [begin(), ("kill_publisher", {}), ("new_sandbox", {"slot": 0}),
+                     ("gc", {"network": 0, "channel": "socket"}), ("start_publisher", {}),
+                     ("add", {"pick": 0, "channel": "socket"})])
+
+
+def test_defect2_a_spooled_add_does_not_outlive_its_del(harness: Harness) -> None:
+    replay(harness, [begin(), ("new_sandbox", {"slot": 0}), ("add", {"pick": 0, "channel": "spool"}),
+                     ("delete", {"pick": 0, "channel": "socket"})])
+
+
+def test_defect3_a_lost_del_does_not_block_the_next_pod(harness: Harness) -> None:
+    """p0's DEL is lost; the claim moves to p2, whose sandbox must be published (not p0's)."""
+    replay(harness, [begin(), ("new_sandbox", {"slot": 0}), ("add", {"pick": 0, "channel": "socket"}),
+                     ("delete", {"pick": 0, "channel": "lost"}),
+                     ("allocate", {"claim": "ca", "slot": 2, "device": "dev0", "node": NODE}),
+                     ("new_sandbox", {"slot": 2}), ("add", {"pick": 1, "channel": "socket"})])
+
+
+def test_defect3_a_lost_del_is_dropped_when_the_pod_is_deleted(harness: Harness) -> None:
+    replay(harness, [begin(), ("new_sandbox", {"slot": 0}), ("add", {"pick": 0, "channel": "socket"}),
+                     ("delete", {"pick": 0, "channel": "lost"}), ("delete_pod", {"slot": 0})])
+
+
+def test_defect3_deallocation_removes_the_entry(harness: Harness) -> None:
+    replay(harness, [begin(), ("new_sandbox", {"slot": 0}), ("add", {"pick": 0, "channel": "socket"}),
+                     ("allocate", {"claim": "ca", "slot": None, "device": "dev0", "node": NODE})])
+
+
+def test_defect4_a_rotated_token_is_reread_after_401(harness: Harness) -> None:
+    """The old token is refused by the server before the ADD: the publisher must re-read its tokenFile."""
+    replay(harness, [begin(True), ("new_sandbox", {"slot": 0}), ("rotate_token", {}),
+                     ("add", {"pick": 0, "channel": "socket"})])
+
+
+def test_api_server_restart_delays_but_does_not_lose(harness: Harness) -> None:
+    replay(harness, [begin(True), ("new_sandbox", {"slot": 1}), ("stop_apiserver", {}),
+                     ("add", {"pick": 1, "channel": "socket"}), ("start_apiserver", {})])
+
+
+def test_api_cut_and_publisher_sigkill(harness: Harness) -> None:
+    replay(harness, [begin(), ("new_sandbox", {"slot": 0}), ("cut_api", {}),
+                     ("add", {"pick": 0, "channel": "socket"}), ("kill_publisher", {}),
+                     ("add", {"pick": 0, "channel": "socket"}), ("restore_api", {}), ("start_publisher", {})])
+
+
+def test_check_drift_then_new_sandbox_of_the_same_pod(harness: Harness) -> None:
+    """Ready=False after a drifting CHECK; a new sandbox of the same pod replaces the entry."""
+    replay(harness, [begin(), ("new_sandbox", {"slot": 0}), ("add", {"pick": 0, "channel": "socket"}),
+                     ("drift", {"pick": 0}), ("check", {"pick": 0, "channel": "spool"}),
+                     ("new_sandbox", {"slot": 0}), ("add", {"pick": 1, "channel": "socket"})])
+
+
+# ---------------------------------------------------------------- sequences the model test failed on
+
+FOUND: dict[str, Steps] = {
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_found_sequence(harness: Harness, name: str) -> None:
+    replay(harness, FOUND[name])
