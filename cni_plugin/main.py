@@ -4,6 +4,10 @@ Whatever happens, stdout carries exactly one JSON document (the result, the
 VERSION answer, or a CNI error) or nothing (successful DEL/CHECK/GC/STATUS),
 and the exit code is 0 or 1. A Python traceback never reaches stdout: an
 unexpected exception becomes error 199 and its traceback goes to the log.
+DEL and STATUS follow the node-safety policy (docs/plugin.md): DEL exits 0
+on every problem of netclaim's own, STATUS fails only under failurePolicy
+Fail. `netclaim --help` / `--version` (or a terminal without CNI_COMMAND)
+print the usage and version instead of speaking CNI.
 """
 
 from __future__ import annotations
