@@ -112,6 +112,10 @@ start_etcd() {
 }
 
 start_apiserver() {
+    # NETCLAIM_CP_APISERVER_ARGS="--max-requests-inflight=20 ...": extra flags, read at every start
+    # (the APF test lowers the concurrency limits so that a flood shows queuing on 2 cores).
+    local EXTRA_ARGS
+    read -r -a EXTRA_ARGS <<<"${NETCLAIM_CP_APISERVER_ARGS:-}"
     log "starting kube-apiserver on https://127.0.0.1:${APISERVER_PORT}"
     setsid "$APISERVER_BIN" \
         --etcd-servers "http://127.0.0.1:${ETCD_PORT}" \
@@ -130,6 +134,7 @@ start_apiserver() {
         --allow-privileged=true \
         --endpoint-reconciler-type none \
         --profiling=false \
+        "${EXTRA_ARGS[@]}" \
         </dev/null >"$DIR/kube-apiserver.log" 2>&1 9>&- &
     echo $! >"$DIR/kube-apiserver.pid"
     wait_ready
