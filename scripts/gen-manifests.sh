@@ -25,11 +25,17 @@ case "${1:-}" in
     *) printf 'gen-manifests: unknown argument %s\n' "$1" >&2; exit 2 ;;
 esac
 
+# Offline rendering needs a cluster version for the chart's kubeVersion check: the one built here.
+KUBE_VERSION="$(sed -n 's#^require k8s.io/kubernetes \(v[0-9.]*\)$#\1#p' "$HERE/gomod/kubernetes/go.mod")"
+HELM_VERSION="$(sed -n 's#^require helm.sh/helm/v3 \(v[0-9.]*\)$#\1#p' "$HERE/gomod/helm/go.mod")"
+CACHED_HELM="${XDG_CACHE_HOME:-$HOME/.cache}/netclaim/bin/helm-$HELM_VERSION"
+if [[ -z "${HELM:-}" && -x "$CACHED_HELM" ]]; then HELM="$CACHED_HELM"; fi
 HELM="${HELM:-$("$HERE/build-control-plane.sh" helm)}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
 "$HELM" template netclaim "$CHART" --namespace netclaim-system --set namespace.create=true \
+    --kube-version "$KUBE_VERSION" \
     --output-dir "$WORK/render" >/dev/null
 
 mkdir -p "$WORK/out"

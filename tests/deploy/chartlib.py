@@ -20,6 +20,12 @@ CHART = REPO / "conf" / "helm" / "netclaim"
 BUILD = REPO / "scripts" / "build-control-plane.sh"
 
 
+def kube_version() -> str:
+    """The Kubernetes version built here: offline rendering checks the chart's kubeVersion against it."""
+    gomod = (REPO / "scripts" / "gomod" / "kubernetes" / "go.mod").read_text()
+    return re.search(r"^require k8s\.io/kubernetes (v[0-9.]+)$", gomod, re.M).group(1)
+
+
 def helm_binary() -> str:
     """$HELM, else the cached build of the pinned version, else build it (waits for the build lock)."""
     if os.environ.get("HELM"):
@@ -52,7 +58,7 @@ def helm(*args: str, kubeconfig: str | None = None, check: bool = True,
 def render(*sets: str, release: str = "netclaim", namespace: str = "netclaim-system",
            chart: Path = CHART) -> list[dict[str, Any]]:
     """`helm template` with --set KEY=VALUE pairs; the rendered objects."""
-    args = ["template", release, str(chart), "--namespace", namespace]
+    args = ["template", release, str(chart), "--namespace", namespace, "--kube-version", kube_version()]
     for s in sets:
         args += ["--set", s]
     return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]

@@ -43,8 +43,12 @@ def shipped_rbac(namespace: str, name_suffix: str) -> list[dict[str, Any]]:
     for doc in docs:
         doc = json.loads(json.dumps(doc))
         kind = doc["kind"]
-        if kind == "ServiceAccount":
+        if kind in ("ServiceAccount", "Role"):
             doc["metadata"]["namespace"] = namespace
+        elif kind == "RoleBinding":
+            doc["metadata"]["namespace"] = namespace
+            for subject in doc["subjects"]:
+                subject["namespace"] = namespace
         elif kind == "ClusterRole":
             doc["metadata"]["name"] += name_suffix
         elif kind == "ClusterRoleBinding":

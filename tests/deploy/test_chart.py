@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from chartlib import CHART, by_kind, helm, helm_binary, one, render
+from chartlib import CHART, by_kind, helm, helm_binary, kube_version, one, render
 from deploylib import DRIVER, REPO, netclaim_publisher_bin, python_env
 from kubehelpers import apply_object
 
@@ -32,8 +32,8 @@ def driver_rule(role: dict) -> dict:
 
 
 def test_helm_lint_passes_with_defaults_and_with_every_toggle() -> None:
-    helm("lint", "--strict", str(CHART))
-    helm("lint", "--strict", str(CHART), "--set", "namespace.create=true", "--set", "metrics.podMonitor.enabled=true",
+    helm("lint", "--strict", str(CHART), "--kube-version", kube_version())
+    helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), "--set", "namespace.create=true", "--set", "metrics.podMonitor.enabled=true",
          "--set", "metrics.serviceMonitor.enabled=true", "--set", "driverName={a.example.com,b.example.com}")
 
 

@@ -1,5 +1,8 @@
 """Every Kubernetes manifest shipped in conf/ is accepted by the real API server.
 
+conf/kubernetes/NN-*.yaml are generated from the Helm chart
+(scripts/gen-manifests.sh; tests/deploy/test_chart.py fails when they are stale).
+
 Server-side apply with dryRun=All runs the full admission and validation
 chain without persisting anything, which is what `kubectl apply
 --server-side --dry-run=server -f conf/kubernetes/` would tell an operator.
@@ -28,8 +31,8 @@ def all_docs() -> list[tuple[str, dict]]:
 
 def test_manifests_cover_what_an_operator_needs() -> None:
     kinds = {doc["kind"] for _, doc in all_docs()}
-    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
-            "DeviceClass", "ResourceClaimTemplate", "Pod"} <= kinds
+    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap",
+            "DaemonSet", "DeviceClass", "ResourceClaimTemplate", "Pod"} <= kinds
 
 
 def test_every_manifest_applies_with_server_side_dry_run(api_client) -> None:
@@ -73,8 +76,10 @@ def test_daemonset_as_the_api_server_defaults_it(api_client) -> None:
     token = volumes["api-token"]["projected"]["sources"][0]["serviceAccountToken"]
     assert token["expirationSeconds"] == 3600
     mounts = {m["name"]: m for m in publisher["volumeMounts"]}
-    assert mounts["netns"]["readOnly"] is True
-    assert "cni-bin" not in mounts and "cni-conf" not in mounts  # only the init container writes those
+    assert "netns" not in mounts  # nothing in the publisher reads /run/netns
+    assert "cni-bin" not in mounts and "cni-conf" not in mounts  # only the installer and the keeper write those
+    keeper = next(c for c in pod["containers"] if c["name"] == "chain-keeper")
+    assert {"cni-bin", "cni-conf"} <= {m["name"] for m in keeper["volumeMounts"]}
 
 
 def test_rbac_driver_names_match_the_plugin_configuration() -> None:
@@ -86,11 +91,11 @@ def test_rbac_driver_names_match_the_plugin_configuration() -> None:
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceclaims/driver"],
         "resourceNames": [DRIVER],
-        "verbs": ["associated-node:patch", "associated-node:update"],
+        "verbs": ["associated-node:patch"],  # server-side apply is a PATCH; update is never sent
     }]
     assert not any(v.startswith("arbitrary-node") for r in role["rules"] for v in r["verbs"])
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in role["rules"])
     config = next(d for d in docs if d["kind"] == "ConfigMap")
-    assert config["data"]["DRIVER_NAME"] == DRIVER
+    assert config["data"]["NETCLAIM_DRIVER_NAME"] == DRIVER
     for conflist in (CONF / "cni").glob("*.conflist"):
         assert json.loads(conflist.read_text())["plugins"][-1]["driverName"] == DRIVER, conflist.name
