@@ -3,7 +3,7 @@
 #
 #   scripts/build-control-plane.sh                # etcd and kube-apiserver
 #   scripts/build-control-plane.sh TARGET...      # any of the targets below, or a group:
-#                                                 #   control-plane, node, runtime, tools, all
+#                                                 #   control-plane, node, runtime, cni-plugins, tools, all
 #
 # Nothing here is committed: the binaries land in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/netclaim/bin/<name>-<version>. A second run
@@ -34,11 +34,13 @@ CONTAINERD_VERSION="$(modver containerd github.com/containerd/containerd/v2)"
 CRI_TOOLS_VERSION="$(modver cri-tools sigs.k8s.io/cri-tools)"
 CNI_VERSION="$(modver cni github.com/containernetworking/cni)"
 HELM_VERSION="$(modver helm helm.sh/helm/v3)"
+CNI_PLUGINS_VERSION="$(modver cni-plugins github.com/containernetworking/plugins)"
 
 KUBE_MINOR="${KUBE_VERSION#v1.}"; KUBE_MINOR="${KUBE_MINOR%%.*}"
 # Version stamps, so that nodes and `kubectl version` say v1.37.2 and not v0.0.0-master.
 KUBE_LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$KUBE_MINOR -X k8s.io/component-base/version.gitTreeState=clean"
 KUBE_LDFLAGS="$KUBE_LDFLAGS -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$KUBE_MINOR"
+CNI_PLUGINS_LDFLAGS="-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION"
 CONTAINERD_LDFLAGS="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
 
 # target NAME: "wrapper-dir version package ldflags" for one binary.
@@ -52,6 +54,9 @@ target() {
             echo "containerd|$CONTAINERD_VERSION|github.com/containerd/containerd/v2/cmd/$1|$CONTAINERD_LDFLAGS" ;;
         crictl) echo "cri-tools|$CRI_TOOLS_VERSION|sigs.k8s.io/cri-tools/cmd/crictl|-X sigs.k8s.io/cri-tools/pkg/version.Version=${CRI_TOOLS_VERSION#v}" ;;
         cnitool) echo "cni|$CNI_VERSION|github.com/containernetworking/cni/cnitool|" ;;
+        cni-bridge|cni-loopback)
+            echo "cni-plugins|$CNI_PLUGINS_VERSION|github.com/containernetworking/plugins/plugins/main/${1#cni-}|$CNI_PLUGINS_LDFLAGS" ;;
+        cni-host-local) echo "cni-plugins|$CNI_PLUGINS_VERSION|github.com/containernetworking/plugins/plugins/ipam/host-local|$CNI_PLUGINS_LDFLAGS" ;;
         helm) echo "helm|$HELM_VERSION|helm.sh/helm/v3/cmd/helm|-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
         *) log "unknown target $1"; exit 2 ;;
     esac
@@ -61,10 +66,11 @@ expand() {
     case "$1" in
         control-plane) echo etcd kube-apiserver ;;
         node) echo kube-controller-manager kube-scheduler kubelet kubectl dra-test-driver ;;
-        runtime) echo containerd containerd-shim-runc-v2 ctr crictl ;;
+        runtime) echo containerd containerd-shim-runc-v2 ctr crictl cni-bridge cni-host-local cni-loopback ;;
+        cni-plugins) echo cni-bridge cni-host-local cni-loopback ;;
         tools) echo cnitool helm ;;
         all) echo etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl dra-test-driver \
-                  containerd containerd-shim-runc-v2 ctr crictl cnitool helm ;;
+                  containerd containerd-shim-runc-v2 ctr crictl cni-bridge cni-host-local cni-loopback cnitool helm ;;
         *) echo "$1" ;;
     esac
 }

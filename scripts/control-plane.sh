@@ -11,13 +11,23 @@
 # Everything lives under $NETCLAIM_CP_DIR (default /tmp/netclaim-cp): certificates, the static
 # token file, the service-account key, etcd data, logs, pid files and kubeconfigs. The binaries
 # are built once from Go modules by scripts/build-control-plane.sh and cached outside the repo.
-# No scheduler or controller-manager runs: clients write status.allocation themselves, as the
-# scheduler would, and create ServiceAccounts themselves.
+# No scheduler or controller-manager runs here: clients write status.allocation themselves, as the
+# scheduler would, and create ServiceAccounts themselves. scripts/cluster.sh runs the rest of a real
+# cluster on top of this script and sets, for its own control plane:
+#   NETCLAIM_CP_NODES="n1 n2"   more static node identities (system:node:<name>, group system:nodes)
+#   NETCLAIM_CP_CLUSTER=1       the ServiceAccount admission plugin on (pods get projected tokens; needs
+#                               kube-controller-manager's serviceaccount controller to run)
+# Identities for kube-scheduler and kube-controller-manager (system:kube-scheduler,
+# system:kube-controller-manager, bound by the bootstrap RBAC roles) always exist, with kubeconfigs
+# scheduler.kubeconfig and controller-manager.kubeconfig.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DIR="${NETCLAIM_CP_DIR:-/tmp/netclaim-cp}"
 NODES=(node-a node-b)   # static node identities (system:node:<name>) in the token file
+read -r -a EXTRA_NODES <<<"${NETCLAIM_CP_NODES:-}"
+NODES+=("${EXTRA_NODES[@]}")
+COMPONENTS=(kube-scheduler:scheduler kube-controller-manager:controller-manager)
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -62,6 +72,10 @@ make_tokens() {
     printf '%s,admin,admin,"system:masters"\n' "$(token)" >"$f"
     for n in "${NODES[@]}"; do
         printf '%s,system:node:%s,node-%s,"system:nodes"\n' "$(token)" "$n" "$n" >>"$f"
+    done
+    local c
+    for c in "${COMPONENTS[@]}"; do
+        printf '%s,system:%s,%s\n' "$(token)" "${c%%:*}" "${c%%:*}" >>"$f"
     done
 }
 
@@ -112,6 +126,10 @@ start_etcd() {
 }
 
 start_apiserver() {
+    # A plain control plane has no controller to create the `default` ServiceAccounts, so
+    # the ServiceAccount admission plugin (which refuses pods without one) is off there.
+    local SA_ADMISSION=(--disable-admission-plugins ServiceAccount)
+    [[ "${CLUSTER_MODE:-0}" == 1 ]] && SA_ADMISSION=()
     # NETCLAIM_CP_APISERVER_ARGS="--max-requests-inflight=20 ...": extra flags, read at every start
     # (the APF test lowers the concurrency limits so that a flood shows queuing on 2 cores).
     local EXTRA_ARGS
@@ -130,7 +148,7 @@ start_apiserver() {
         --api-audiences https://kubernetes.default.svc \
         --service-cluster-ip-range 10.96.0.0/24 \
         --enable-admission-plugins NodeRestriction \
-        --disable-admission-plugins ServiceAccount \
+        "${SA_ADMISSION[@]}" \
         --allow-privileged=true \
         --endpoint-reconciler-type none \
         --profiling=false \
@@ -197,8 +215,9 @@ cmd_up() {
     ETCD_PORT="$(free_port)"
     ETCD_PEER_PORT="$(free_port)"
     APISERVER_PORT="$(free_port)"
-    printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPISERVER_PORT=%s\nETCD_BIN=%s\nAPISERVER_BIN=%s\n' \
-        "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$ETCD_BIN" "$APISERVER_BIN" >"$DIR/ports.env"
+    CLUSTER_MODE="${NETCLAIM_CP_CLUSTER:-0}"
+    printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPISERVER_PORT=%s\nETCD_BIN=%s\nAPISERVER_BIN=%s\nCLUSTER_MODE=%s\n' \
+        "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$ETCD_BIN" "$APISERVER_BIN" "$CLUSTER_MODE" >"$DIR/ports.env"
     make_pki
     make_tokens
     start_etcd
@@ -207,6 +226,10 @@ cmd_up() {
     local n
     for n in "${NODES[@]}"; do
         write_kubeconfig "$DIR/$n.kubeconfig" "$(user_token "system:node:$n")"
+    done
+    local c
+    for c in "${COMPONENTS[@]}"; do
+        write_kubeconfig "$DIR/${c#*:}.kubeconfig" "$(user_token "system:${c%%:*}")"
     done
     log "ready: https://127.0.0.1:${APISERVER_PORT}"
     echo "$DIR/admin.kubeconfig"

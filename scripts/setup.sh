@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Everything a fresh machine needs before the demo or the tests:
-# Debian packages, the project virtualenv at .venv, and the Go-built
-# etcd/kube-apiserver (cached outside the repo). Safe to run again: each step
-# is skipped when already done.
+# Debian packages, the project virtualenv at .venv, and every Go-built tool the
+# suite uses (cached outside the repo): etcd, the Kubernetes 1.37 components and
+# kubectl, the DRA test driver, containerd 2.x with its shim, ctr and crictl, the
+# CNI 1.1 reference plugins, cnitool and helm. A cold build takes ~25-30 min on
+# 2 cores. Safe to run again: each step is skipped when already done.
+#
+#   NETCLAIM_BUILD_TARGETS="control-plane node"   build only these targets/groups
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +22,7 @@ APT_PACKAGES=(
     procps                        # pgrep/ps used by the scripts
     python3-venv                  # `python3 -m venv` when python3 is Debian's own
     openssl curl                  # the control plane's certificates and readiness probe
+    util-linux mount              # nsenter, setsid, flock, umount: the real cluster's node side
 )
 
 install_packages() {
@@ -52,5 +57,6 @@ make_venv() {
 install_packages
 make_venv
 "$ROOT/scripts/build-plugin.sh" >/dev/null  # the self-contained CNI plugin (cached outside the repo)
-"$ROOT/scripts/build-control-plane.sh" >/dev/null
+# shellcheck disable=SC2086
+"$ROOT/scripts/build-control-plane.sh" ${NETCLAIM_BUILD_TARGETS:-all} >/dev/null
 log "ready"

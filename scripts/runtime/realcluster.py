@@ -1,0 +1,241 @@
+"""Drive the real single-node cluster of scripts/cluster.sh from Python (tests, demo, benchmark).
+
+Everything goes through the cluster's own tools, the way a user would look:
+the built kubectl (admin kubeconfig) for API objects, crictl for the
+runtime's view of a sandbox, nsenter for what the pod itself sees in its
+network namespace. No object here plays the scheduler or the kubelet: pods
+are created with a ResourceClaimTemplate or a claim name and the cluster does
+the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_SH = REPO / "scripts" / "cluster.sh"
+PAUSE_IMAGE = "netclaim.local/pause:e2e"
+
+
+class ClusterError(RuntimeError):
+    """A cluster.sh step failed; the message carries its stderr tail."""
+
+
+def cluster_sh(*args: str, env: dict[str, str], timeout: float = 3600) -> str:
+    proc = subprocess.run([str(CLUSTER_SH), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise ClusterError(f"scripts/cluster.sh {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def parse_env(text: str) -> dict[str, str]:
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            values[key] = shlex.split(value)[0] if value else ""
+    return values
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    mac: str
+    cidrs: list[str]
+
+
+@dataclass
+class RealCluster:
+    """A running cluster.sh cluster: its env (paths, node, driver) and the calls tests need."""
+
+    dir: str
+    values: dict[str, str]
+    env: dict[str, str] = field(repr=False)
+
+    @classmethod
+    def up(cls, directory: str, base_env: dict[str, str] | None = None) -> "RealCluster":
+        env = dict(base_env or os.environ)
+        env["NETCLAIM_CLUSTER_DIR"] = directory
+        values = parse_env(cluster_sh("up", env=env))
+        return cls(directory, values, env)
+
+    def sh(self, *args: str, timeout: float = 600) -> str:
+        return cluster_sh(*args, env=self.env, timeout=timeout)
+
+    def down(self) -> None:
+        self.sh("down")
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def node(self) -> str:
+        return self.values["NETCLAIM_NODE"]
+
+    @property
+    def driver(self) -> str:
+        return self.values["NETCLAIM_DRIVER"]
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.values["KUBECONFIG"]
+
+    # ------------------------------------------------------------------ kubectl
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120) -> str:
+        cmd = [self.values["NETCLAIM_KUBECTL"], "--kubeconfig", self.kubeconfig, *args]
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def apply(self, *docs: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+    def get(self, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        ns = ["-n", namespace] if namespace else []
+        return json.loads(self.kubectl("get", kind, name, *ns, "-o", "json"))
+
+    def claim_yaml(self, namespace: str, name: str) -> dict[str, Any]:
+        """What `kubectl get resourceclaim NAME -o yaml` shows, parsed."""
+        return yaml.safe_load(self.kubectl("get", "resourceclaim", name, "-n", namespace, "-o", "yaml"))
+
+    def namespace(self, name: str) -> str:
+        """Create a namespace and wait for its `default` ServiceAccount (pods need it to be admitted)."""
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        wait_until(lambda: self.kubectl("get", "sa", "default", "-n", name, check=False).strip() != "",
+                   f"ServiceAccount {name}/default", timeout=60)
+        return name
+
+    # ------------------------------------------------------------------ pods and claims
+
+    def claim_template(self, namespace: str, name: str = "net", device_class: str = "") -> dict[str, Any]:
+        doc = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": claim_spec(device_class or self.values["NETCLAIM_DEVICE_CLASS"])},
+        }
+        self.apply(doc)
+        return doc
+
+    def claim(self, namespace: str, name: str, device_class: str = "") -> dict[str, Any]:
+        doc = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": claim_spec(device_class or self.values["NETCLAIM_DEVICE_CLASS"]),
+        }
+        self.apply(doc)
+        return doc
+
+    def pod(self, namespace: str, name: str, *, template: str = "", claim: str = "") -> None:
+        self.apply(pod_manifest(namespace, name, template=template, claim=claim))
+
+    def wait_running(self, namespace: str, *names: str, timeout: float = 120) -> None:
+        pods = [f"pod/{n}" for n in names]
+        out = self.kubectl("wait", "-n", namespace, "--for=condition=Ready", *pods, f"--timeout={int(timeout)}s",
+                           check=False, timeout=timeout + 10)
+        if out.count("condition met") != len(names):
+            detail = self.kubectl("get", "-n", namespace, *pods, "-o", "wide", check=False)
+            events = self.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)
+            raise AssertionError(f"pods not Ready within {timeout}s:\n{detail}\n{events[-3000:]}")
+
+    def delete_pod(self, namespace: str, name: str, wait: bool = True) -> None:
+        self.kubectl("delete", "pod", name, "-n", namespace, f"--wait={str(wait).lower()}", timeout=180)
+
+    def pod_claim(self, namespace: str, pod: str) -> str:
+        """The generated claim's name (the controller-manager writes it to the pod status)."""
+        def name() -> str:
+            statuses = self.get("pod", pod, namespace).get("status", {}).get("resourceClaimStatuses") or []
+            return statuses[0].get("resourceClaimName", "") if statuses else ""
+        return wait_until(name, f"pod {namespace}/{pod}'s generated claim", timeout=60)
+
+    def pod_ip(self, namespace: str, pod: str) -> str:
+        return self.get("pod", pod, namespace)["status"]["podIP"]
+
+    # ------------------------------------------------------------------ the runtime's and the pod's view
+
+    def crictl(self, *args: str) -> str:
+        env = {**os.environ, "CONTAINER_RUNTIME_ENDPOINT": self.values["CONTAINER_RUNTIME_ENDPOINT"]}
+        return subprocess.run([self.values["NETCLAIM_CRICTL"], *args], env=env, capture_output=True, text=True,
+                              check=True, timeout=60).stdout
+
+    def sandbox(self, namespace: str, pod: str) -> dict[str, Any]:
+        """The pod's ready sandbox as containerd reports it (crictl inspectp)."""
+        ids = self.crictl("pods", "--namespace", namespace, "--name", f"^{pod}$", "--state", "ready", "-q").split()
+        if len(ids) != 1:
+            raise AssertionError(f"expected one ready sandbox for {namespace}/{pod}, crictl shows {ids}")
+        info = json.loads(self.crictl("inspectp", "-o", "json", ids[0]))
+        return {"id": ids[0], **info}
+
+    def netns(self, namespace: str, pod: str) -> str:
+        spec = self.sandbox(namespace, pod)["info"]["runtimeSpec"]
+        (path,) = [n["path"] for n in spec["linux"]["namespaces"] if n["type"] == "network"]
+        return path
+
+    def interface(self, namespace: str, pod: str, ifname: str = "eth0") -> Interface:
+        """An interface as the pod sees it, read inside its network namespace."""
+        out = subprocess.run(["nsenter", f"--net={self.netns(namespace, pod)}", "ip", "-j", "addr", "show",
+                              "dev", ifname], capture_output=True, text=True, check=True).stdout
+        (link,) = json.loads(out)
+        cidrs = [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("scope") == "global"]
+        return Interface(link["ifname"], link.get("address", "").lower(), cidrs)
+
+    def kubelet_metrics(self) -> str:
+        """The kubelet's /metrics, read on its port with the admin token (webhook authn + authz)."""
+        token = yaml.safe_load(Path(self.kubeconfig).read_text())["users"][0]["user"]["token"]
+        url = f"https://127.0.0.1:{self.values['NETCLAIM_KUBELET_PORT']}/metrics"
+        proc = subprocess.run(["curl", "-fsSk", "--config", "-", url], input=f'header = "Authorization: Bearer {token}"\n',
+                              capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            raise ClusterError(f"kubelet metrics: {proc.stderr.strip()}")
+        return proc.stdout
+
+
+def claim_spec(device_class: str) -> dict[str, Any]:
+    return {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": device_class}}]}}
+
+
+def pod_manifest(namespace: str, name: str, *, template: str = "", claim: str = "") -> dict[str, Any]:
+    """A pause pod on the pod network; its claim stays at pod level (no CDI edits to containers)."""
+    spec: dict[str, Any] = {
+        "containers": [{"name": "app", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if template:
+        spec["resourceClaims"] = [{"name": "net", "resourceClaimTemplateName": template}]
+    elif claim:
+        spec["resourceClaims"] = [{"name": "net", "resourceClaimName": claim}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def entries_of(claim: dict[str, Any], driver: str) -> list[dict[str, Any]]:
+    return [d for d in (claim.get("status") or {}).get("devices") or [] if d.get("driver") == driver]
+
+
+def ready_status(entry: dict[str, Any]) -> str:
+    return next((c.get("status", "") for c in entry.get("conditions") or [] if c.get("type") == "Ready"), "")
+
+
+def wait_until(fn: Callable[[], Any], what: str, timeout: float = 60, interval: float = 0.2) -> Any:
+    """Poll fn until it returns something truthy; fail with what was awaited and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = fn()
+        except (ClusterError, subprocess.CalledProcessError, AssertionError, KeyError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+        time.sleep(interval)
