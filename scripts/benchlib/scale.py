@@ -687,7 +687,7 @@ def plot(f: dict[str, Any], path: str) -> None:
 
     pts = f["points"]
     ns = [p["nodes"] for p in pts]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
     series = [
         (axes[0], "per ADD", [("API requests", [p["per_add"]["api_requests"] for p in pts]),
                               ("etcd writes", [p["per_add"]["etcd_writes"] for p in pts])]),
@@ -696,6 +696,9 @@ def plot(f: dict[str, Any], path: str) -> None:
                                             [p["reference_create_per_pod"]["apiserver_cpu_ms"] for p in pts])]),
         (axes[2], "hand-off-to-visible ms", [("p50", [p["handoff_to_visible_ms"]["p50"] for p in pts]),
                                              ("p99", [p["handoff_to_visible_ms"]["p99"] for p in pts])]),
+        (axes[3], "per node, idle", [("watches added / node", [p["watches_added"] / p["nodes"] for p in pts]),
+                                     ("publisher RSS / 50 MiB", [p["publisher_rss_mib"]["mean"] / 50 for p in pts]),
+                                     ("publisher CPU % x10", [p["idle"]["publisher_cpu_pct_each"] * 10 for p in pts])]),
     ]
     for ax, title, lines in series:
         for label, ys in lines:
