@@ -580,7 +580,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures = {"points": points, "error": error, "cpus": os.cpu_count(), "apf": apf,
                "options": {k: getattr(args, k) for k in ("nodes", "pods_per_node", "rate", "lifetime", "idle",
                                                         "workers")},
-               "growth": growth(points)}
+               "growth": growth(points),
+               "extrapolation": {"assumptions": Cluster().__dict__,
+                                 "figures": extrapolate(points[-1]) if points else {}}}
     print(markdown(figures))
     if args.plot and points:
         plot(figures, args.plot)
@@ -657,6 +659,11 @@ def markdown(f: dict[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(str(get(p)) for p in pts) + " |")
     if f.get("error"):
         lines.append(f"\nstopped early: {f['error']}")
+    if f.get("extrapolation", {}).get("figures"):
+        lines.append("")
+        lines.append("| extrapolated (largest N's per-event costs) | value |")
+        lines.append("|---|---:|")
+        lines.extend(f"| {k} | {v} |" for k, v in f["extrapolation"]["figures"].items())
     if f.get("apf"):
         lines.append("")
         lines.extend(apf_markdown(f["apf"]))
@@ -971,3 +978,44 @@ def _flood_with_probes(ep: Any, publisher: str, kubelet: str, other: str, ns: st
     result["flood"] = {**_latency_summary(replies), "seconds": round(seconds, 2),
                        "applied_per_s": round(sum(1 for r in replies if r.status == 200) / seconds, 1)}
     return result
+
+
+# ------------------------------------------------------------------ extrapolation on paper
+
+
+@dataclass
+class Cluster:
+    """The assumptions of the extrapolation (docs/scale.md names and argues each)."""
+
+    nodes: int = 5000
+    churn_per_s: float = 100.0          # pod starts per second, cluster-wide; as many deletions (steady state)
+    netclaim_share: float = 1.0         # share of pods with a netclaim claim: 1 = every pod (upper bound)
+    claims_per_node: int = 30           # claims a publisher tracks at any time (resync reads each)
+    resync_s: float = 300.0             # netclaim-publisher --resync-interval (default)
+    watch_timeout_s: float = 300.0      # the pod watch's timeoutSeconds: one new WATCH per node per period
+    apiserver_seats: int = 600          # --max-requests-inflight 400 + --max-mutating-requests-inflight 200
+    other_shares: int = 245             # nominal shares of the default priority levels (exempt excluded)
+    netclaim_shares: int = 10           # the shipped PriorityLevelConfiguration
+
+
+def extrapolate(point: dict[str, Any], c: Cluster | None = None) -> dict[str, float]:
+    """Cluster-wide figures from one measured point's per-event costs."""
+    c = c or Cluster()
+    add, dele = point["per_add"], point["per_del"]
+    pods = c.churn_per_s * c.netclaim_share
+    event_qps = pods * (add["api_requests"] + dele["api_requests"])
+    resync_qps = c.nodes * c.claims_per_node / c.resync_s
+    rewatch_qps = c.nodes / c.watch_timeout_s
+    cpu = pods * (add["apiserver_cpu_ms"] + dele["apiserver_cpu_ms"]) / 1000
+    return {
+        "api_qps_events": round(event_qps, 1),
+        "api_qps_resync_gets": round(resync_qps, 1),
+        "api_qps_rewatch": round(rewatch_qps, 1),
+        "api_qps_total": round(event_qps + resync_qps + rewatch_qps, 1),
+        "etcd_writes_per_s": round(pods * (add["etcd_writes"] + dele["etcd_writes"]), 1),
+        "etcd_writes_per_s_pod_create_reference": round(c.churn_per_s * point["reference_create_per_pod"]["etcd_writes"], 1),
+        "watches_added": c.nodes * point["watches_added"] / point["nodes"],
+        "apiserver_cpu_cores_events": round(cpu, 2),
+        "netclaim_seats": -(-c.apiserver_seats * c.netclaim_shares // (c.other_shares + c.netclaim_shares)),
+        "publisher_memory_gib_cluster": round(c.nodes * point["publisher_rss_mib"]["mean"] / 1024, 1),
+    }
