@@ -673,8 +673,9 @@ def markdown(f: dict[str, Any]) -> str:
 def apf_markdown(a: dict[str, Any]) -> list[str]:
     cases = [("alone", a["alone"]), ("publisher flood, no netclaim APF objects", a["flood_without_apf_objects"]),
              ("publisher flood, shipped APF objects", a["flood_with_apf_objects"])]
+    seats = ", ".join(f"{k} {v:g}" for k, v in sorted(a.get("nominal_seats", {}).items()))
     lines = [f"kube-apiserver {a['apiserver_args']}; flood: {a['flood_requests']} publisher applies from "
-             f"{a['flood_threads']} connections", "",
+             f"{a['flood_threads']} connections; nominal seats per level: {seats}", "",
              "| case | kubelet p50 / p99 ms (429s) | other workload p50 / p99 ms (429s) | flood applies/s (429s) |",
              "|---|---:|---:|---:|"]
     for name, c in cases:
@@ -912,9 +913,22 @@ def apf_phase(flood_requests: int = 480, threads: int = 24, rounds: int = 40) ->
             requests = [claim_status_apply(ns, specs[i % len(specs)].claim, APF_NODE, next(seq))
                         for i in range(flood_requests)]
             out[label] = _flood_with_probes(ep, publisher, kubelet, other, ns, specs[0].claim, requests, threads)
+        out["nominal_seats"] = _nominal_seats(handle)
         return out
     finally:
         subprocess.run([str(REPO / "scripts" / "control-plane.sh"), "down"], capture_output=True, env=handle.env)
+
+
+def _nominal_seats(handle: Any) -> dict[str, float]:
+    """Seats the API server gives each priority level now (apiserver_flowcontrol_nominal_limit_seats)."""
+    import ssl
+
+    from runtime.identity import kubeconfig_token
+
+    ctx = ssl.create_default_context(cafile=handle.ca_file)
+    samples = scrape(f"{handle.server}/metrics", ("apiserver_flowcontrol_nominal_limit_seats",),
+                     {"Authorization": f"Bearer {kubeconfig_token(handle.kubeconfig)}"}, ctx)
+    return {dict(labels).get("priority_level", ""): v for (_, labels), v in samples.items()}
 
 
 def _other_workload(api: Any, ns: str) -> None:
