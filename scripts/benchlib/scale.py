@@ -540,6 +540,7 @@ def measure_point(bench: Scale, n: int) -> dict[str, Any]:
         "publisher_rss_mib": {"mean": round(sum(rss) / len(rss), 1), "max": round(max(rss), 1),
                               "total": round(sum(rss), 1)},
         "host_mem_available_mib": _mem_available_mib(),
+        "host_load_1m": round(os.getloadavg()[0], 2),  # the machine is shared: how busy it was
     }
 
 
@@ -652,6 +653,7 @@ def markdown(f: dict[str, Any]) -> str:
         ("publisher CPU ms per ADD", lambda p: p["per_add"]["publisher_cpu_ms"]),
         ("publisher idle CPU % (each)", lambda p: p["idle"]["publisher_cpu_pct_each"]),
         ("publisher RSS MiB mean / max", lambda p: f"{p['publisher_rss_mib']['mean']} / {p['publisher_rss_mib']['max']}"),
+        ("host load average (1 min, 2 cores shared)", lambda p: p.get("host_load_1m", "")),
     ]
     lines = ["| figure | " + " | ".join(f"N={p['nodes']}" for p in pts) + " |",
              "|---|" + "---:|" * len(pts)]
