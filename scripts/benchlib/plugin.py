@@ -44,9 +44,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--doc", default="", help="rewrite this file's `plugin` section with the figures")
 
 
-def _run_timed(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[float, int, bytes]:
-    """(wall seconds, exit code, stdout) of one child started with posix_spawn, as a
-    runtime starts a plugin (vfork+exec: the bench's own size does not slow the fork)."""
+def _run_timed(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[float, int, bytes, float]:
+    """(wall seconds, exit code, stdout, CPU seconds) of one child started with posix_spawn,
+    as a runtime starts a plugin (vfork+exec: the bench's own size does not slow the fork).
+    CPU = user + system time of the child: less sensitive than wall time to other load."""
     start = time.perf_counter()
     r, w = os.pipe()
     o_r, o_w = os.pipe()
@@ -61,8 +62,9 @@ def _run_timed(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[floa
     while chunk := os.read(o_r, 65536):
         chunks.append(chunk)
     os.close(o_r)
-    _pid, status = os.waitpid(pid, 0)
-    return time.perf_counter() - start, os.waitstatus_to_exitcode(status), b"".join(chunks)
+    _pid, status, usage = os.wait4(pid, 0)
+    return (time.perf_counter() - start, os.waitstatus_to_exitcode(status), b"".join(chunks),
+            usage.ru_utime + usage.ru_stime)
 
 
 def _peak_rss_kib(argv: list[str], env: dict[str, str], stdin: bytes, out_file: str) -> int:
@@ -192,13 +194,15 @@ def run(args) -> dict:
             "bundle VERSION": (cni("VERSION", bundle, {"cniVersion": "1.0.0"}), None),
         }
         walls: dict[str, list[float]] = {k: [] for k in cases}
+        cpus: dict[str, list[float]] = {k: [] for k in cases}
         rss: dict[str, list[int]] = {k: [] for k in cases}
         for _ in range(args.runs):
             for name, (call, undo) in cases.items():
-                wall, code, out = _run_timed(*call)
+                wall, code, out, cpu = _run_timed(*call)
                 if code != 0:
                     raise RuntimeError(f"{name} failed ({code}): {out.decode()[:300]}")
                 walls[name].append(wall)
+                cpus[name].append(cpu)
                 if undo:
                     _run_timed(*undo)
             _empty(tmp / "spool")
@@ -207,7 +211,7 @@ def run(args) -> dict:
                 rss[name].append(_peak_rss_kib(*call, out_file=str(tmp / "rss")))
                 if undo:
                     _run_timed(*undo)
-        figures = _figures(args.runs, walls, rss, built)
+        figures = _figures(args.runs, walls, cpus, rss, built)
         _print(figures)
         if args.doc:
             write_section(Path(args.doc), figures)
@@ -230,12 +234,20 @@ def _round_ratios(walls: dict[str, list[float]], name: str) -> list[float]:
     return out
 
 
-def _figures(runs: int, walls: dict[str, list[float]], rss: dict[str, list[int]], built: Path) -> dict:
+def _span(ratios: list[float]) -> str:
+    return f"{min(ratios):.2f}-{max(ratios):.2f}"
+
+
+def _figures(runs: int, walls: dict[str, list[float]], cpus: dict[str, list[float]], rss: dict[str, list[int]],
+             built: Path) -> dict:
     floor = statistics.median(walls[FLOOR])
+    floor_cpu = statistics.median(cpus[FLOOR])
     rows = {}
     for name in walls:
         med = statistics.median(walls[name])
+        cpu = statistics.median(cpus[name])
         rows[name] = {"median_ms": round(med * 1000, 2), "x_floor": round(med / floor, 2),
+                      "cpu_ms": round(cpu * 1000, 2), "cpu_x_floor": round(cpu / floor_cpu, 2),
                       "peak_rss_mib": round(max(rss[name]) / 1024, 1)}
     head = _round_ratios(walls, HEADLINE)
     launcher = _round_ratios(walls, "launcher ADD report-only (read-back, spool)")
@@ -244,16 +256,18 @@ def _figures(runs: int, walls: dict[str, list[float]], rss: dict[str, list[int]]
             "`bundle` = the installed plugin: one fully static executable (scripts/build-plugin.sh; "
             "no Python, no shared library on the node). `launcher` = the same code from the source tree "
             "through `#!/usr/bin/python3 -IS`. Floor = the host's Debian `/usr/bin/python3 -I -S -c pass`. "
-            "Runs of all cases are interleaved; the range is over per-block ratios."),
+            "Runs of all cases are interleaved; the range is over per-block ratios. CPU = the child's "
+            "user + system time (wall time also holds the spool's fsync and other load)."),
         "runs": runs,
         "publisher": "absent (events spooled with fsync to a temp dir); 'ack' row: trivial acking server",
         "floor": "/usr/bin/python3 -I -S -c pass (Debian python3.11, host)",
         "floor_ms": round(floor * 1000, 2),
         "cases": rows,
         "report_only_add_x_floor": rows[HEADLINE]["x_floor"],
-        "report_only_add_x_floor_range": [round(min(head), 2), round(max(head), 2)],
+        "report_only_add_x_floor_range": _span(head),
+        "report_only_add_cpu_x_floor": rows[HEADLINE]["cpu_x_floor"],
         "launcher_report_only_add_x_floor": rows["launcher ADD report-only (read-back, spool)"]["x_floor"],
-        "launcher_report_only_add_x_floor_range": [round(min(launcher), 2), round(max(launcher), 2)],
+        "launcher_report_only_add_x_floor_range": _span(launcher),
         "setup_add_x_floor": rows["bundle ADD mtu+txQueueLen (spool)"]["x_floor"],
         "report_only_peak_rss_mib": rows[HEADLINE]["peak_rss_mib"],
         "bundle_bytes": built.stat().st_size,
@@ -266,12 +280,16 @@ def _figures(runs: int, walls: dict[str, list[float]], rss: dict[str, list[int]]
 
 def write_section(doc: Path, figures: dict) -> None:
     """Replace only the `## Suite \`plugin\`` section of the benchmarks doc (others own the rest)."""
-    from benchlib.report import _cases_table, _flatten
+    from benchlib.report import _flatten
 
     rest = {k: v for k, v in figures.items() if k not in ("cases", "description")}
     rows: list[tuple[str, str]] = []
     _flatten("", rest, rows)
-    section = ["## Suite `plugin`", "", figures["description"], "", *_cases_table(figures["cases"]),
+    table = ["| case | median ms | x floor | CPU ms | CPU x floor | peak RSS MiB |", "|---|---|---|---|---|---|"]
+    for name, c in figures["cases"].items():
+        table.append(f"| {name} | {c['median_ms']} | {c['x_floor']} | {c['cpu_ms']} | {c['cpu_x_floor']} "
+                     f"| {c['peak_rss_mib']} |")
+    section = ["## Suite `plugin`", "", figures["description"], "", *table, "",
                "| figure | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
     text = doc.read_text()
     start = text.index("## Suite `plugin`")
@@ -281,9 +299,12 @@ def write_section(doc: Path, figures: dict) -> None:
 
 
 def _print(figures: dict) -> None:
-    print(f"{'case':50s} {'median ms':>10s} {'x floor':>8s} {'peak RSS MiB':>13s}")
+    print(f"{'case':50s} {'median ms':>10s} {'x floor':>8s} {'CPU x floor':>12s} {'peak RSS MiB':>13s}")
     for name, row in figures["cases"].items():
-        print(f"{name:50s} {row['median_ms']:10.2f} {row['x_floor']:8.2f} {row['peak_rss_mib']:13.1f}")
+        print(f"{name:50s} {row['median_ms']:10.2f} {row['x_floor']:8.2f} {row['cpu_x_floor']:12.2f} "
+              f"{row['peak_rss_mib']:13.1f}")
+    print(f"report-only ADD range over blocks: bundle {figures['report_only_add_x_floor_range']}, "
+          f"launcher {figures['launcher_report_only_add_x_floor_range']}")
     for key, target in figures["targets"].items():
         mark = "ok" if figures["meets_targets"][key] else "MISS"
         print(f"{key}: {figures[key]} (target <= {target}) {mark}")

@@ -32,6 +32,7 @@ class Case:
     stdin: bytes
     netns: bool = True
     env: dict[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()
 
 
 def _conf(sandbox: Sandbox, version: str = "1.1.0", **extra: object) -> dict:
@@ -70,6 +71,9 @@ def cases(sandbox: Sandbox) -> list[Case]:
         Case("no netns for ADD", "ADD", enc(_conf(sandbox, prevResult=prev)), netns=False),
         Case("del of a gone netns", "DEL", enc(_conf(sandbox, prevResult=prev)),
              env={"CNI_NETNS": "/run/netns/ncbd-gone"}),
+        Case("--version", "", b"", netns=False, args=("--version",)),
+        Case("--help", "", b"", netns=False, args=("--help",)),
+        Case("arguments a runtime never passes", "VERSION", b"{}", netns=False, args=("extra", "--x")),
     ]
 
 
@@ -80,7 +84,7 @@ def _run(exe: str, case: Case, sandbox: Sandbox, stdout_fd: int | None = None) -
     if not case.command:
         del env["CNI_COMMAND"]
     env.update(case.env)
-    proc = subprocess.run([exe], input=case.stdin, env=env, timeout=60,
+    proc = subprocess.run([exe, *case.args], input=case.stdin, env=env, timeout=60,
                           stdout=stdout_fd if stdout_fd is not None else subprocess.PIPE, stderr=subprocess.PIPE)
     log = WORK / "plugin.log"
     lines = log.read_text().splitlines() if log.exists() else []
