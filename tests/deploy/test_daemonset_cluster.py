@@ -1,0 +1,213 @@
+"""The Helm chart's DaemonSet in the real single-node cluster (scripts/cluster.sh), end to end.
+
+The cluster starts with its primary CNI only (bridge + host-local conflist),
+netclaim NOT installed. The image is built here without any registry
+(scripts/build-image.sh) and imported into the cluster's containerd. Then,
+as an operator would: helm install; a pod with a claim gets its status; the
+primary conflist is rewritten the way Calico does (in place, without
+netclaim) and the way Cilium does (its own conflist first, the others moved
+away), and the next pod still gets its status; helm upgrade to a new image
+tag keeps every status and the journal; helm uninstall leaves the node as it
+was before the install, byte for byte.
+
+NETCLAIM_DEPLOY_CLUSTER_DIR picks the cluster dir (default /tmp/nc-cl-deploy);
+a cluster already up there is reused and left up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cni_plugin
+from chartlib import CHART, helm
+from deploylib import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+from runtime.realcluster import ClusterError, RealCluster, cluster_sh, entries_of, ready_status, wait_until  # noqa: E402
+
+pytestmark = pytest.mark.containerd
+
+VERSION = cni_plugin.__version__
+NEXT = f"{VERSION}-next"
+RELEASE = "netclaim"
+NAMESPACE = "netclaim-system"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RealCluster]:
+    if os.geteuid() != 0:
+        pytest.fail("the real cluster needs root", pytrace=False)
+    directory = os.environ.get("NETCLAIM_DEPLOY_CLUSTER_DIR", "/tmp/nc-cl-deploy")
+    env = {**os.environ, "NETCLAIM_CLUSTER_DIR": directory}
+    try:
+        reused = "kubelet: running" in cluster_sh("status", env=env)
+    except ClusterError:
+        reused = False
+    try:
+        real = RealCluster.up(directory, env)
+    except ClusterError as exc:
+        pytest.fail(f"the real cluster could not start: {exc}", pytrace=False)
+    yield real
+    if not reused and not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
+        real.down()
+
+
+def build_image(tag: str) -> str:
+    proc = subprocess.run([str(REPO / "scripts" / "build-image.sh"), "--tag", tag], capture_output=True, text=True,
+                          timeout=3600)
+    assert proc.returncode == 0, f"scripts/build-image.sh --tag {tag} failed:\n{proc.stderr[-3000:]}"
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def images(cluster: RealCluster) -> dict[str, str]:
+    out = {}
+    for tag in (VERSION, NEXT):
+        out[tag] = build_image(tag)
+        cluster.sh("import-image", out[tag])
+    return out
+
+
+class NodeFiles:
+    """What netclaim may touch on the node, to compare before and after."""
+
+    def __init__(self, cluster: RealCluster) -> None:
+        self.conf = Path(cluster.values["NETCLAIM_CNI_CONF"])
+        self.bin = Path(cluster.values["NETCLAIM_CNI_BIN"])
+        self.conflist = Path(cluster.values["NETCLAIM_CONFLIST"])
+        self.run = Path(cluster.dir) / "ncd-run"
+        self.state = Path(cluster.dir) / "ncd-state"
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "conf": {p.name: p.read_bytes() for p in sorted(self.conf.iterdir()) if p.is_file()},
+            "bin": sorted(p.name for p in self.bin.iterdir()),
+        }
+
+    def chained(self, path: Path) -> bool:
+        try:
+            plugins = json.loads(path.read_bytes())["plugins"]
+        except (FileNotFoundError, ValueError, KeyError):
+            return False
+        return plugins[-1]["type"] == "netclaim"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def helm_values(files: NodeFiles, cluster: RealCluster, tag: str, port: int) -> list[str]:
+    sets = {
+        "driverName": cluster.driver, "image.tag": tag, "image.pullPolicy": "Never",
+        "cni.confDir": str(files.conf), "cni.binDir": str(files.bin), "cni.pollInterval": "0.5",
+        "hostPaths.run": str(files.run), "hostPaths.state": str(files.state), "metrics.port": str(port),
+        "priorityClassName": "",
+        # No kube-proxy here: the API server as the node sees it.
+        "apiServer.host": "127.0.0.1", "apiServer.port": cluster.values["NETCLAIM_APISERVER"].rsplit(":", 1)[1],
+    }
+    out = []
+    for key, value in sets.items():
+        out += ["--set-string" if key in ("image.tag", "cni.pollInterval", "apiServer.port") else "--set", f"{key}={value}"]
+    return out
+
+
+def pod_gets_status(cluster: RealCluster, ns: str, name: str) -> dict[str, Any]:
+    cluster.claim(ns, f"{name}-net")
+    cluster.pod(ns, name, claim=f"{name}-net")
+    cluster.wait_running(ns, name, timeout=180)
+
+    def entry() -> dict[str, Any] | None:
+        mine = entries_of(cluster.claim_yaml(ns, f"{name}-net"), cluster.driver)
+        ok = [e for e in mine if ready_status(e) == "True" and (e.get("networkData") or {}).get("ips")]
+        return ok[0] if ok else None
+
+    return wait_until(entry, f"the status of {ns}/{name}-net", timeout=90)
+
+
+def daemonset_pod(cluster: RealCluster) -> dict[str, Any]:
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=netclaim",
+                                      "-o", "json"))["items"]
+    return pods[0] if len(pods) == 1 else {}
+
+
+def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, images: dict[str, str]) -> None:
+    files = NodeFiles(cluster)
+    before = files.snapshot()
+    assert not files.chained(files.conflist), "netclaim must not be installed before the chart"
+    port = free_port()
+    kubeconfig = cluster.kubeconfig
+    ns = cluster.namespace(f"ds-{uuid.uuid4().hex[:6]}")
+    try:
+        # Install.
+        helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
+             *helm_values(files, cluster, VERSION, port), "--wait", "--timeout", "300s",
+             kubeconfig=kubeconfig, timeout=400)
+        wait_until(lambda: files.chained(files.conflist), "netclaim chained into the primary conflist")
+        assert (files.bin / "netclaim").is_file()
+        first_uid = daemonset_pod(cluster)["metadata"]["uid"]
+        a = pod_gets_status(cluster, ns, "a")
+
+        # Calico-style: the primary's installer rewrites its file in place, without netclaim.
+        files.conflist.write_bytes(before["conf"][files.conflist.name])
+        wait_until(lambda: files.chained(files.conflist), "re-chaining after the Calico-style rewrite")
+        pod_gets_status(cluster, ns, "b")
+
+        # Cilium-style: its own conflist first by name, every other one moved away.
+        primary = json.loads(before["conf"][files.conflist.name])
+        cilium = files.conf / "05-cilium-like.conflist"
+        tmp = files.conf / ".05-cilium-like.tmp"
+        tmp.write_text(json.dumps(dict(primary, name=primary["name"]), indent=2))
+        os.replace(tmp, cilium)
+        moved = files.conf / (files.conflist.name + ".cilium_bak")
+        os.rename(files.conflist, moved)
+        wait_until(lambda: files.chained(cilium), "chaining into the Cilium-style conflist")
+        pod_gets_status(cluster, ns, "c")
+        # "Cilium" goes away again: the original comes back, the keeper follows it.
+        os.rename(moved, files.conflist)
+        cilium.unlink()
+        wait_until(lambda: files.chained(files.conflist), "chaining back into the original conflist")
+
+        # Upgrade to a new image tag: statuses and the journal survive.
+        journal = sorted(p.name for p in (files.state / "publisher").iterdir())
+        assert journal, "the publisher's journal is on the node"
+        helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *helm_values(files, cluster, NEXT, port),
+             "--wait", "--timeout", "300s", kubeconfig=kubeconfig, timeout=400)
+        new = wait_until(lambda: (lambda p: p if p and p["metadata"]["uid"] != first_uid
+                                  and p["status"].get("phase") == "Running" else None)(daemonset_pod(cluster)),
+                         "the upgraded pod", timeout=180)
+        assert {c["image"].rsplit(":", 1)[1] for c in new["spec"]["containers"]} == {NEXT}
+        assert files.chained(files.conflist) and (files.bin / "netclaim").is_file()
+        assert sorted(p.name for p in (files.state / "publisher").iterdir()) == journal
+        for name in ("a", "b", "c"):
+            assert entries_of(cluster.claim_yaml(ns, f"{name}-net"), cluster.driver), name
+        assert pod_gets_status(cluster, ns, "d")["networkData"]["ips"]
+        assert a["networkData"]["ips"] == entries_of(cluster.claim_yaml(ns, "a-net"), cluster.driver)[0][
+            "networkData"]["ips"]
+    finally:
+        for name in ("a", "b", "c", "d"):
+            cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=true", "--timeout=120s", check=False,
+                            timeout=180)
+        helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "180s", kubeconfig=kubeconfig,
+             check=False, timeout=240)
+        wait_until(lambda: not daemonset_pod(cluster), "the DaemonSet's pod to be gone", timeout=180)
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+    # Uninstall left the node as it was before the install.
+    after = files.snapshot()
+    assert after["bin"] == before["bin"]
+    assert after["conf"].keys() == before["conf"].keys()
+    assert after == before
+    for d in (files.run, files.state):
+        assert not d.exists() or list(d.iterdir()) == [], sorted(d.iterdir())
