@@ -111,20 +111,36 @@ def from_current(result: dict[str, Any], version: str) -> dict[str, Any]:
 
 
 def sandbox_interface(result: dict[str, Any], ifname: str) -> int | None:
-    """Index of the pod-side entry for CNI_IFNAME (has a sandbox), else None."""
-    for i, iface in enumerate(result.get("interfaces", [])):
-        if iface.get("name") == ifname and iface.get("sandbox"):
+    """Index of the pod-side entry for CNI_IFNAME (named so and has a sandbox), else None.
+
+    THE rule for "the sandbox interface", shared by the plugin's CHECK and the
+    publisher's mapping (publisher/mapper.py): host-side entries (bridge, veth,
+    ifb) have no sandbox and never count.
+    """
+    for i, iface in enumerate(result.get("interfaces") or []):
+        if isinstance(iface, dict) and iface.get("name") == ifname and iface.get("sandbox"):
             return i
     return None
 
 
 def addresses_for(result: dict[str, Any], index: int | None) -> list[str]:
-    """The ips[] that belong to interface `index` (all of them when the result
-    has no interface indexes and a single sandbox interface)."""
-    ips = result.get("ips", [])
-    if index is not None and any("interface" in ip for ip in ips):
-        return [ip["address"] for ip in ips if ip.get("interface") == index]
-    sandboxes = [i for i in result.get("interfaces", []) if i.get("sandbox")]
-    if len(sandboxes) <= 1:
-        return [ip["address"] for ip in ips if "interface" not in ip or ip.get("interface") == index]
-    return []
+    """THE rule for "the sandbox interface's IPs" (plugin CHECK and publisher mapping).
+
+    An ips[] entry belongs to interface `index` when its `interface` field is
+    that index. An entry without `interface` belongs to it only when the result
+    has at most one sandbox interface (then there is nobody else it could be
+    for). Entries that are not objects with a string address are skipped. The
+    addresses are returned as written, in order, without duplicates; the
+    publisher canonicalizes them for the API.
+    """
+    interfaces = result.get("interfaces") or []
+    single_sandbox = sum(1 for i in interfaces if isinstance(i, dict) and i.get("sandbox")) <= 1
+    out: list[str] = []
+    for ip in result.get("ips") or []:
+        if not isinstance(ip, dict) or not isinstance(ip.get("address"), str):
+            continue
+        owner = ip.get("interface")
+        if (owner is None and single_sandbox) or (owner is not None and owner == index):
+            if ip["address"] not in out:
+                out.append(ip["address"])
+    return out

@@ -99,6 +99,53 @@ class PodRef(_Record):
         return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
 
 
+_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+_BOOT_ID = []  # cached per process: [boot id] once read
+
+
+def _boot_id() -> str:
+    if not _BOOT_ID:
+        try:
+            with open(_BOOT_ID_PATH, "rb") as fh:
+                _BOOT_ID.append(fh.read().decode().strip())
+        except OSError:
+            _BOOT_ID.append("")
+    return _BOOT_ID[0]
+
+
+def new_order() -> list:
+    """Where an event happened on the node: [boot id, CLOCK_BOOTTIME ns, wall clock ns].
+
+    Stamped once, when the plugin creates the event; the socket and the spool
+    carry the same stamp. CLOCK_BOOTTIME never goes back within a boot (and
+    counts suspend), so it orders events of one boot even when the wall clock
+    is stepped; the boot id tells whether two stamps share that clock. Across
+    boots only the wall clock can order them.
+    """
+    return [_boot_id(), time.clock_gettime_ns(time.CLOCK_BOOTTIME), time.time_ns()]
+
+
+def legacy_order(timestamp: float) -> list:
+    """The order of an event written before stamps existed: its wall-clock timestamp only."""
+    return ["", 0, int(timestamp * 1e9)]
+
+
+def order_before(a: list, b: list) -> bool:
+    """True when stamp `a` happened before stamp `b` (see new_order).
+
+    Same boot: CLOCK_BOOTTIME, ties broken by the wall clock. Different or
+    unknown boots: the wall clock, ties broken by CLOCK_BOOTTIME.
+    """
+    if a[0] and a[0] == b[0]:
+        return (a[1], a[2]) < (b[1], b[2])
+    return (a[2], a[1]) < (b[2], b[1])
+
+
+def _valid_order(value: object) -> bool:
+    return (isinstance(value, list) and len(value) == 3 and isinstance(value[0], str)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value[1:]))
+
+
 class Event(_Record):
     """One CNI operation on one attachment (containerID + ifname).
 
@@ -107,7 +154,9 @@ class Event(_Record):
     version the runtime spoke, so the publisher handles one shape only.
     `check_error` is set on a CHECK that found drift; the publisher turns it
     into Ready=False. `valid_attachments` is set on GC only (whose container_id
-    and ifname are "*").
+    and ifname are "*"). `order` is the stamp of where the event happened on
+    the node (new_order), set at creation; the publisher orders an
+    attachment's events, tombstones and GC fences by it, never by arrival.
     """
 
     FIELDS = {
@@ -126,6 +175,7 @@ class Event(_Record):
         "timestamp": 0.0,
         "event_id": "",
         "version": PROTOCOL_VERSION,
+        "order": None,
     }
     __slots__ = tuple(FIELDS)
 
@@ -144,6 +194,7 @@ class Event(_Record):
     timestamp: float
     event_id: str
     version: int
+    order: list | None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
@@ -154,6 +205,8 @@ class Event(_Record):
             # 4 random bytes. Used to de-duplicate an event that was both
             # spooled and delivered (e.g. an ack lost after the commit).
             self.event_id = f"{time.time_ns():x}-{os.getpid():x}-{os.urandom(4).hex()}"
+        if not self.order:
+            self.order = new_order()
 
     def to_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.FIELDS}
@@ -204,9 +257,14 @@ class Event(_Record):
         version = data.get("version", PROTOCOL_VERSION)
         if version != PROTOCOL_VERSION:
             raise WireError(f"unsupported wire version {version!r}")
+        order = data.get("order")
+        if order is not None and not _valid_order(order):
+            raise WireError("event field 'order' must be [boot id, boottime ns, wall ns]")
         fields = dict(data)
         fields["pod"] = pod
         fields["timestamp"] = float(ts)
+        # An event journaled or spooled before stamps existed is ordered by its timestamp.
+        fields["order"] = list(order) if order else legacy_order(float(ts) or time.time())
         return cls(**fields)
 
     @property
@@ -527,6 +585,9 @@ __all__ = [
     "decode_body",
     "encode_frame",
     "event_request",
+    "legacy_order",
+    "new_order",
+    "order_before",
     "SpoolFull",
     "list_spool",
     "read_frame",

@@ -15,10 +15,11 @@ import sqlite3
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from cni_plugin.wire import Event, WireError, list_spool, read_spool
+from . import limits
+from cni_plugin.wire import Event, WireError, legacy_order, list_spool, order_before, read_spool
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -62,9 +63,31 @@ CREATE TABLE IF NOT EXISTS applied (
     claim TEXT PRIMARY KEY,
     body_hash TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tombstones (
+    container_id TEXT NOT NULL,
+    ifname TEXT NOT NULL,
+    stamp TEXT NOT NULL,
+    recorded REAL NOT NULL,
+    PRIMARY KEY (container_id, ifname)
+);
+CREATE TABLE IF NOT EXISTS fences (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    driver TEXT NOT NULL,
+    network TEXT NOT NULL,
+    stamp TEXT NOT NULL,
+    valid TEXT NOT NULL,
+    recorded REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dirty (
+    claim_namespace TEXT NOT NULL,
+    claim_name TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_try REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (claim_namespace, claim_name)
+);
 """
-
-DONE_RETENTION = 24 * 3600.0  # event ids kept this long to drop duplicates
+# Columns added after the first release: (table, column, declaration) for journals written before.
+MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),)
 
 
 @dataclass
@@ -94,6 +117,7 @@ class Attachment:
     result_hash: str
     event_ts: float
     updated: float = 0.0
+    stamp: list = field(default_factory=list)  # wire order stamp of the event that wrote it
 
     @property
     def claim_key(self) -> str:
@@ -129,6 +153,10 @@ class Journal:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        for table, column, decl in MIGRATIONS:
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         os.chmod(self.path, 0o600)
 
     def close(self) -> None:
@@ -158,7 +186,25 @@ class Journal:
                      json.dumps(ev.to_dict(), separators=(",", ":"))),
                 )
                 added.append(cur.rowcount == 1)
+                if cur.rowcount == 1 and ev.op == "DEL":
+                    self._supersede(db, ev, now)
         return added
+
+    @staticmethod
+    def _supersede(db: sqlite3.Connection, dele: Event, now: float) -> None:
+        """A DEL retires the pending ADD/CHECK of its attachment that happened before it.
+
+        Without this a DEL queued behind an ADD that is backing off (claim not
+        allocated yet) would wait up to the resolve timeout; the tombstone the
+        DEL leaves would make the ADD a no-op anyway.
+        """
+        rows = db.execute(
+            "SELECT seq, body FROM events WHERE state='pending' AND container_id=? AND ifname=?"
+            " AND op IN ('ADD','CHECK')", (dele.container_id, dele.ifname)).fetchall()
+        for seq, body in rows:
+            if order_before(Event.from_dict(json.loads(body)).order, dele.order):
+                db.execute("UPDATE events SET state='done', error='superseded by a later DEL', finished=?"
+                           " WHERE seq=?", (now, seq))
 
     def ready(self, shard: int, shards: int, now: float, limit: int = 64) -> list[Pending]:
         """Pending events of a shard whose time has come, oldest first, one per attachment.
@@ -179,9 +225,14 @@ class Journal:
                 for seq, body, attempts, received in rows]
 
     def next_due(self, shard: int, shards: int) -> float | None:
+        """When the next event of the shard may run: only the head of each attachment's
+        queue counts (an event waiting behind a backing-off one is not due, or the
+        worker would spin on it)."""
         with self._lock:
             row = self._db.execute(
-                "SELECT MIN(next_try) FROM events WHERE state='pending' AND shard_key % ? = ?", (shards, shard)
+                "SELECT MIN(next_try) FROM events e WHERE state='pending' AND shard_key % ? = ? AND NOT EXISTS ("
+                "  SELECT 1 FROM events p WHERE p.state='pending' AND p.container_id=e.container_id"
+                "  AND p.ifname=e.ifname AND p.seq < e.seq)", (shards, shard)
             ).fetchone()
         return row[0]
 
@@ -191,20 +242,39 @@ class Journal:
 
     def finish(
         self,
-        seq: int,
+        seq: int | None,
         state: str = "done",
         error: str = "",
         upsert: list[Attachment] | None = None,
         delete: list[tuple[str, str]] | None = None,
+        tombstone: tuple[tuple[str, str], list] | None = None,
+        fence: tuple[str, str, list, list] | None = None,
+        dirty: list[tuple[str, str]] | None = None,
     ) -> None:
-        """Mark an event handled and change the desired state, in one transaction."""
+        """Mark an event handled and change the desired state, in one transaction.
+
+        `dirty` claims are the ones whose status must be reconciled with the new
+        desired state; they stay marked until a reconcile succeeds, so a crash
+        between this commit and the apply loses nothing.
+        """
         now = time.time()
         with self._tx() as db:
             for key in delete or []:
                 db.execute("DELETE FROM attachments WHERE container_id=? AND ifname=?", key)
             for att in upsert or []:
                 self._put(db, att, now)
-            db.execute("UPDATE events SET state=?, error=?, finished=? WHERE seq=?", (state, error, now, seq))
+            if tombstone is not None:
+                (cid, ifname), stamp = tombstone
+                db.execute("INSERT OR REPLACE INTO tombstones(container_id, ifname, stamp, recorded) VALUES (?,?,?,?)",
+                           (cid, ifname, json.dumps(stamp), now))
+            if fence is not None:
+                driver, network, stamp, valid = fence
+                db.execute("INSERT INTO fences(driver, network, stamp, valid, recorded) VALUES (?,?,?,?,?)",
+                           (driver, network, json.dumps(stamp), json.dumps(valid), now))
+            for ns, name in dirty or []:
+                db.execute("INSERT OR IGNORE INTO dirty(claim_namespace, claim_name) VALUES (?,?)", (ns, name))
+            if seq is not None:
+                db.execute("UPDATE events SET state=?, error=?, finished=? WHERE seq=?", (state, error, now, seq))
 
     def forget(self, keys: list[tuple[str, str]]) -> None:
         with self._tx() as db:
@@ -212,9 +282,81 @@ class Journal:
                 db.execute("DELETE FROM attachments WHERE container_id=? AND ifname=?", key)
 
     def prune(self, now: float | None = None) -> int:
-        cutoff = (now or time.time()) - DONE_RETENTION
+        cutoff = (now or time.time()) - limits.DONE_RETENTION
         with self._tx() as db:
             return db.execute("DELETE FROM events WHERE state != 'pending' AND finished < ?", (cutoff,)).rowcount
+
+    # ------------------------------------------------------------ tombstones, fences, dirty claims
+
+    def tombstone(self, container_id: str, ifname: str) -> list | None:
+        """The stamp of the latest DEL of this attachment, if one is remembered."""
+        with self._lock:
+            row = self._db.execute("SELECT stamp FROM tombstones WHERE container_id=? AND ifname=?",
+                                   (container_id, ifname)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def fences(self, driver: str) -> list[tuple[str, list, set[tuple[str, str]]]]:
+        """(network, stamp, valid keys) of the remembered GCs of this driver."""
+        with self._lock:
+            rows = self._db.execute("SELECT network, stamp, valid FROM fences WHERE driver=? ORDER BY id",
+                                    (driver,)).fetchall()
+        return [(net, json.loads(stamp), {(a["containerID"], a["ifname"]) for a in json.loads(valid)})
+                for net, stamp, valid in rows]
+
+    def prune_order_marks(self, cutoff: float) -> int:
+        """Forget tombstones and GC fences recorded before `cutoff`, unless an event that
+        could still be older than them is pending (received up to `cutoff` + the horizon).
+
+        The caller picks `cutoff` = min(now, last complete spool ingestion) minus
+        limits.ORDER_HORIZON: by then any event stamped before the mark has reached
+        the journal (socket or spool), see docs/design.md "Order".
+        """
+        with self._tx() as db:
+            waiting = db.execute("SELECT COUNT(*) FROM events WHERE state='pending' AND received <= ?",
+                                 (cutoff + limits.ORDER_HORIZON,)).fetchone()[0]
+            if waiting:
+                return 0
+            n = db.execute("DELETE FROM tombstones WHERE recorded < ?", (cutoff,)).rowcount
+            n += db.execute("DELETE FROM fences WHERE recorded < ?", (cutoff,)).rowcount
+            # A flood of GCs: keep the newest few per driver and network, whatever their age.
+            n += db.execute(
+                "DELETE FROM fences WHERE id NOT IN (SELECT id FROM fences f WHERE"
+                " (SELECT COUNT(*) FROM fences g WHERE g.driver=f.driver AND g.network=f.network AND g.id > f.id) < ?)",
+                (limits.MAX_FENCES,)).rowcount
+            return n
+
+    def order_marks(self) -> tuple[int, int]:
+        with self._lock:
+            t = self._db.execute("SELECT COUNT(*) FROM tombstones").fetchone()[0]
+            f = self._db.execute("SELECT COUNT(*) FROM fences").fetchone()[0]
+        return t, f
+
+    def mark_dirty(self, claims: list[tuple[str, str]]) -> None:
+        with self._tx() as db:
+            for ns, name in claims:
+                db.execute("INSERT OR IGNORE INTO dirty(claim_namespace, claim_name) VALUES (?,?)", (ns, name))
+
+    def dirty_claims(self, now: float | None = None) -> list[tuple[str, str, int]]:
+        """(ns, name, attempts) of the claims to reconcile whose retry time has come (all with now=None)."""
+        with self._lock:
+            if now is None:
+                return self._db.execute("SELECT claim_namespace, claim_name, attempts FROM dirty ORDER BY 1, 2").fetchall()
+            return self._db.execute("SELECT claim_namespace, claim_name, attempts FROM dirty WHERE next_try <= ?"
+                                    " ORDER BY next_try", (now,)).fetchall()
+
+    def next_dirty(self) -> float | None:
+        with self._lock:
+            return self._db.execute("SELECT MIN(next_try) FROM dirty").fetchone()[0]
+
+    def clean(self, ns: str, name: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))
+
+    def retry_dirty(self, ns: str, name: str, next_try: float) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO dirty(claim_namespace, claim_name) VALUES (?,?)", (ns, name))
+            db.execute("UPDATE dirty SET attempts=attempts+1, next_try=? WHERE claim_namespace=? AND claim_name=?",
+                       (next_try, ns, name))
 
     def depth(self) -> int:
         with self._lock:
@@ -249,6 +391,7 @@ class Journal:
         att.updated = now
         values = [getattr(att, c) for c in _ATT_COLUMNS]
         values[_ATT_COLUMNS.index("entry")] = json.dumps(att.entry, separators=(",", ":"), sort_keys=True)
+        values[_ATT_COLUMNS.index("stamp")] = json.dumps(att.stamp or legacy_order(att.event_ts))
         db.execute(
             f"INSERT OR REPLACE INTO attachments({','.join(_ATT_COLUMNS)}) VALUES ({','.join('?' * len(_ATT_COLUMNS))})",
             values,
@@ -264,6 +407,8 @@ class Journal:
         for row in rows:
             att = Attachment(*row)
             att.entry = json.loads(att.entry)  # type: ignore[arg-type]
+            raw = att.stamp
+            att.stamp = json.loads(raw) if raw else legacy_order(att.event_ts)  # type: ignore[arg-type]
             out.append(att)
         return out
 
@@ -282,10 +427,16 @@ class Journal:
             return self._db.execute("SELECT COUNT(*) FROM attachments").fetchone()[0]
 
     def claims(self) -> list[tuple[str, str]]:
+        """Every claim with an attachment or still to be reconciled."""
         with self._lock:
             return self._db.execute(
-                "SELECT DISTINCT claim_namespace, claim_name FROM attachments ORDER BY 1, 2"
+                "SELECT claim_namespace, claim_name FROM attachments UNION"
+                " SELECT claim_namespace, claim_name FROM dirty ORDER BY 1, 2"
             ).fetchall()
+
+    def dirty_count(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM dirty").fetchone()[0]
 
     # ------------------------------------------------------------ applied bodies
 

@@ -9,9 +9,15 @@ TransientError (retry with backoff) or PermanentError (report, do not retry).
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+import os
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from . import limits
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 REQUEST_TIMEOUT = (5.0, 20.0)
@@ -41,6 +47,11 @@ class NotFound(PermanentError):
     """404: the object is gone (or not yet created)."""
 
 
+class Unauthorized(TransientError):
+    """401: the credentials expired or rotated. Transient: they are re-read and the
+    request retried with backoff; no event is dropped because of it."""
+
+
 def _api_message(body: Any) -> str:
     """The `message` of a Status object, which is what an operator needs to read."""
     if isinstance(body, bytes):
@@ -57,9 +68,14 @@ def _api_message(body: Any) -> str:
 def classify(code: int, message: str) -> ApiError:
     if code == 404:
         return NotFound(code, message)
+    if code == 401:
+        return Unauthorized(code, message)
     if code == 429 or code >= 500 or code == 0:
         return TransientError(code, message)
     return PermanentError(code, message)
+
+
+IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 def load_client(kubeconfig: str | None, pool_size: int = 8) -> Any:
@@ -78,6 +94,90 @@ def load_client(kubeconfig: str | None, pool_size: int = 8) -> Any:
     return client.ApiClient(configuration)
 
 
+def _token_files(kubeconfig: str | None) -> list[str]:
+    """Files whose content is a credential: the kubeconfig and every `tokenFile` it names,
+    or the projected service-account token."""
+    if not kubeconfig:
+        return [IN_CLUSTER_TOKEN]
+    files = []
+    for path in [p for p in kubeconfig.split(os.pathsep) if p]:  # KUBECONFIG may list several
+        files.append(path)
+        try:
+            import yaml
+
+            with open(path, "rb") as fh:
+                doc = yaml.safe_load(fh) or {}
+            for user in doc.get("users") or []:
+                token_file = (user.get("user") or {}).get("tokenFile")
+                if token_file:
+                    files.append(os.path.join(os.path.dirname(os.path.abspath(path)), token_file))
+        except (OSError, ValueError, AttributeError, ImportError):
+            pass
+    return files
+
+
+@dataclass
+class Credentials:
+    """Loads the client, and loads it again when the credentials on disk change.
+
+    Tokens rotate: kubelet rewrites a projected service-account token well
+    before it expires (hourly by default), and a systemd install may renew the
+    kubeconfig's token (or its `tokenFile`) from cron. So the files are checked
+    every CREDENTIALS_RELOAD seconds and after every 401; a changed fingerprint
+    builds a new ApiClient.
+    """
+
+    kubeconfig: str | None
+    pool_size: int = 8
+    loader: Callable[[str | None, int], Any] = load_client
+    fingerprint: str = ""
+    checked: float = 0.0
+    reloads: int = 0
+    last_reload: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Created next to the client it guards: what is on disk now is what that client uses."""
+        self.fingerprint = self.fingerprint or self.current_fingerprint()
+        self.checked = time.monotonic()
+
+    def current_fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for path in _token_files(self.kubeconfig):
+            digest.update(path.encode())
+            try:
+                with open(path, "rb") as fh:
+                    digest.update(fh.read())
+            except OSError:
+                digest.update(b"-")
+        return digest.hexdigest()
+
+    def refreshed(self, force: bool = False) -> Any | None:
+        """A new client when the credentials changed (or `force`), else None."""
+        if not force and time.monotonic() - self.checked < limits.CREDENTIALS_RELOAD:
+            return None
+        self.checked = time.monotonic()
+        fp = self.current_fingerprint()
+        if fp == self.fingerprint and not force:
+            return None
+        client = self.loader(self.kubeconfig, self.pool_size)
+        self.fingerprint = fp
+        self.reloads += 1
+        self.last_reload = time.time()
+        return client
+
+
+@dataclass
+class ApiHealth:
+    """What /readyz and `status` need to know about the API connection."""
+
+    failing_since: float = 0.0  # first call without an answer (or with 5xx) since the last good one
+    last_error: str = ""
+    unauthorized: int = 0  # consecutive 401s
+    unauthorized_total: int = 0
+    reloads: int = 0
+    last_reload: float = 0.0
+
+
 @dataclass
 class Kube:
     """Raw calls on one ApiClient; `record(verb, code)` is told about each call.
@@ -89,10 +189,62 @@ class Kube:
 
     api_client: Any
     record: Callable[[str, str], None] = lambda verb, code: None
+    credentials: Credentials | None = None
+    _health: ApiHealth = field(default_factory=ApiHealth)
+    _cred_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def health(self) -> ApiHealth:
+        h = self._health
+        if self.credentials is not None:
+            h.reloads, h.last_reload = self.credentials.reloads, self.credentials.last_reload
+        return h
+
+    def _note(self, code: int, message: str = "") -> None:
+        """Track the answer for health: no answer/5xx/401 count as failing, anything else as up."""
+        h = self._health
+        if code == 401:
+            h.unauthorized += 1
+            h.unauthorized_total += 1
+        elif code:
+            h.unauthorized = 0
+        if code == 0 or code >= 500:
+            h.failing_since = h.failing_since or time.time()
+            h.last_error = message
+        elif code != 401:
+            h.failing_since = 0.0
+
+    def _refresh_credentials(self, force: bool) -> bool:
+        """Swap in a client built from the current credentials; True when one was built."""
+        if self.credentials is None:
+            return False
+        with self._cred_lock:
+            try:
+                fresh = self.credentials.refreshed(force)
+            except Exception as exc:  # a half-written kubeconfig: keep the old client, try again later
+                self._health.last_error = f"credentials reload failed: {exc}"
+                return False
+            if fresh is None:
+                return False
+            self.api_client = fresh
+            return True
 
     def _request(self, verb: str, method: str, path: str, query: list[tuple[str, str]] | None = None,
                  body: Any = None, content_type: str = "application/json", timeout: Any = REQUEST_TIMEOUT) -> Any:
-        """One request; returns the RESTResponse (body not read) or raises a classified ApiError."""
+        """One request; returns the RESTResponse (body not read) or raises a classified ApiError.
+
+        A 401 re-reads the credentials and, if they changed, tries once more at
+        once; otherwise it is raised as Unauthorized (transient: the caller backs off).
+        """
+        self._refresh_credentials(force=False)
+        try:
+            return self._request_once(verb, method, path, query, body, content_type, timeout)
+        except Unauthorized:
+            if not self._refresh_credentials(force=True):
+                raise
+            return self._request_once(verb, method, path, query, body, content_type, timeout)
+
+    def _request_once(self, verb: str, method: str, path: str, query: list[tuple[str, str]] | None,
+                      body: Any, content_type: str, timeout: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         headers = {"Accept": "application/json"}
@@ -106,13 +258,19 @@ class Kube:
         except ApiException as exc:
             code = int(exc.status or 0)
             self.record(verb, str(code))
-            raise classify(code, _api_message(exc.body or exc.reason)) from None
+            message = _api_message(exc.body or exc.reason)
+            self._note(code, message)
+            raise classify(code, message) from None
         except Exception as exc:  # urllib3/socket errors: no answer from the server
             self.record(verb, "error")
+            self._note(0, f"{type(exc).__name__}: {exc}")
             raise TransientError(0, f"{type(exc).__name__}: {exc}") from None
         self.record(verb, str(resp.status))
         if resp.status >= 400:
-            raise classify(resp.status, _api_message(resp.read()))
+            message = _api_message(resp.read())
+            self._note(resp.status, message)
+            raise classify(resp.status, message)
+        self._note(resp.status)
         return resp
 
     def _json(self, verb: str, method: str, path: str, **kw: Any) -> dict[str, Any]:
@@ -140,6 +298,11 @@ class Kube:
             query=[("fieldManager", field_manager), ("force", "false")], body=body,
             content_type=APPLY_CONTENT_TYPE)
         resp.read()  # the answer is the whole claim; nothing in it is needed
+
+    def list_resource_slices(self, node: str, driver: str) -> dict[str, Any]:
+        """This node's ResourceSlices of `driver` (only read when a device choice is ambiguous)."""
+        query = [("fieldSelector", f"spec.nodeName={node},spec.driver={driver}")]
+        return self._json("list", "GET", "/apis/resource.k8s.io/v1/resourceslices", query=query)
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         """POST one events.k8s.io/v1 Event; the answer (the stored Event) is not needed."""

@@ -24,6 +24,17 @@ MAX_REASON = 1024
 MAX_MESSAGE = 32768
 MAX_CONDITION_TYPE = 316
 
+# ---- the publisher's own bounds and timings (defined here once, used everywhere)
+DONE_RETENTION = 24 * 3600.0  # seconds finished events are kept (their ids drop duplicates)
+ORDER_HORIZON = 600.0  # seconds after which no event stamped before a tombstone/fence can still arrive
+MAX_FENCES = 16  # GC fences kept per driver and network, whatever their age
+CLAIM_STATE_RETENTION = 3600.0  # seconds an untracked claim's state stays in `status`
+STATUS_MAX_CLAIMS = 500  # claims listed by `status` (errors first): one frame stays small
+CREDENTIALS_RELOAD = 60.0  # seconds between re-reads of the kubeconfig / projected token
+UNAUTHORIZED_NOT_READY = 3  # consecutive 401s after which /readyz says not ready
+API_DOWN_NOT_READY = 60.0  # seconds without any API answer after which /readyz says not ready
+WORKER_RESTART_DELAY = 1.0  # seconds before a crashed worker thread is started again
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -47,15 +58,44 @@ def is_pool_name(value: str) -> bool:
     return 0 < len(value) <= MAX_POOL_NAME and all(is_dns_subdomain(part) for part in value.split("/"))
 
 
-def canonical_cidr(value: str) -> str:
-    """`2001:0db8:0:0::5/64` -> `2001:db8::5/64`; host bits are kept (an interface address).
+def _ipv4_sloppy(text: str) -> str:
+    """Dotted quad as the API server's parser reads it: decimal, leading zeros allowed (`010` is 10)."""
+    parts = text.split(".")
+    if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts) or any(int(p) > 255 for p in parts):
+        raise ValueError(f"{text!r} is not an IPv4 address")
+    return ".".join(str(int(p)) for p in parts)
 
-    Raises ValueError for anything that is not an address with a prefix.
+
+def canonical_cidr(value: str) -> str:
+    """The interface address exactly as kube-apiserver's IsValidInterfaceAddress wants it.
+
+    The server parses with a lenient parser (IPv4 parts may have leading zeros)
+    and requires the value to equal `<ip>/<prefix>` where `<ip>` is Go's
+    String() form: IPv4-mapped IPv6 (`::ffff:a.b.c.d`, also in hex) is printed
+    as IPv4 with the prefix reduced by 96 (`::ffff:1.2.3.4/120` -> `1.2.3.4/24`),
+    IPv6 per RFC 5952 (lower case, longest zero run compressed). Host bits are
+    kept. Raises ValueError when the server would refuse every form (no prefix,
+    a zone, a mapped address with a prefix below 96).
     """
-    if "/" not in value:
-        raise ValueError(f"{value!r} has no prefix length")
-    iface = ipaddress.ip_interface(value.strip())
-    return f"{iface.ip}/{iface.network.prefixlen}"
+    value = value.strip()
+    addr, sep, prefix = value.partition("/")
+    if not sep or not prefix.isascii() or not prefix.isdigit():
+        raise ValueError(f"{value!r} is not an address with a prefix length")
+    if "%" in addr:
+        raise ValueError(f"{value!r} has a zone, which the API does not accept")
+    if ":" in addr:
+        head, _, tail = addr.rpartition(":")
+        if "." in tail:  # embedded dotted quad, parsed as leniently as a plain one
+            addr = f"{head}:{_ipv4_sloppy(tail)}"
+        ip6 = ipaddress.IPv6Interface(f"{addr}/{int(prefix)}")
+        mapped = ip6.ip.ipv4_mapped
+        if mapped is None:
+            return f"{ip6.ip}/{ip6.network.prefixlen}"
+        if ip6.network.prefixlen < 96:
+            raise ValueError(f"{value!r} is IPv4-mapped with a prefix shorter than 96")
+        return f"{mapped}/{ip6.network.prefixlen - 96}"
+    ip4 = ipaddress.IPv4Interface(f"{_ipv4_sloppy(addr)}/{int(prefix)}")
+    return f"{ip4.ip}/{ip4.network.prefixlen}"
 
 
 def data_size(data: Any) -> int:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cni_plugin import results
 from cni_plugin.wire import Event
 
 from . import limits
@@ -86,30 +87,18 @@ class DeviceStatus:
 
 
 def sandbox_interface(result: dict[str, Any], ifname: str) -> tuple[int | None, dict[str, Any]]:
-    """(index, entry) of the pod-side interface; host-side entries have no sandbox."""
-    interfaces = result.get("interfaces") or []
-    for i, iface in enumerate(interfaces):
-        if isinstance(iface, dict) and iface.get("name") == ifname and iface.get("sandbox"):
-            return i, iface
-    return None, {}
+    """(index, entry) of the pod-side interface: cni_plugin/results.py's rule, shared with CHECK."""
+    index = results.sandbox_interface(result, ifname)
+    return index, (result["interfaces"][index] if index is not None else {})
 
 
 def attachment_ips(result: dict[str, Any], index: int | None) -> list[str]:
-    """The interface's addresses in canonical CIDR form, de-duplicated, at most 16."""
-    interfaces = result.get("interfaces") or []
-    single_sandbox = sum(1 for i in interfaces if isinstance(i, dict) and i.get("sandbox")) <= 1
+    """The interface's addresses (cni_plugin/results.py's rule) in the API's canonical form,
+    de-duplicated, at most 16; an address the API could never accept is left out."""
     chosen: list[str] = []
-    for ip in result.get("ips") or []:
-        if not isinstance(ip, dict) or not isinstance(ip.get("address"), str):
-            continue
-        owner = ip.get("interface")
-        if owner is None:
-            if not single_sandbox:
-                continue
-        elif owner != index:
-            continue
+    for address in results.addresses_for(result, index):
         try:
-            cidr = limits.canonical_cidr(ip["address"])
+            cidr = limits.canonical_cidr(address)
         except ValueError:
             continue
         if cidr not in chosen:

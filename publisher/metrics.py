@@ -61,6 +61,15 @@ class Metrics:
         self.oldest_pending_age = Gauge(
             "netclaim_oldest_pending_event_age_seconds",
             "Age of the oldest event not yet published (journal or spool); 0 when none is pending", registry=r)
+        # Reported by the publisher's intake / kube client / service (publisher/intake.py, kube.py).
+        self.spool_overflow = Counter(
+            "netclaim_spool_overflow_events_total", "Events the plugin could not spool (spool at its cap), "
+            "from the spool's overflow marker", registry=r)
+        self.credential_reloads = Gauge("netclaim_credential_reloads", "Times the API credentials were "
+                                        "re-read because they changed on disk or a request got 401", registry=r)
+        self.unauthorized = Gauge("netclaim_api_unauthorized_consecutive", "Consecutive 401 answers "
+                                  "(credentials rejected); /readyz fails past a threshold", registry=r)
+        self.ready = Gauge("netclaim_ready", "1 when /readyz answers ready", registry=r)
 
     def watch_backlog(self, spool_dir: str, oldest_journaled: Callable[[], float | None]) -> None:
         """Compute the spool depth and oldest-pending age at scrape time.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import logs
-from .kube import ApiError, Kube
+from .kube import ApiError, Kube, NotFound
 from .resolver import pod_claim_names
 
 
@@ -50,6 +50,24 @@ class PodCache:
     def put(self, namespace: str, name: str, info: PodInfo) -> None:
         with self._lock:
             self._pods[(namespace, name)] = info
+
+    def remember(self, pod: dict[str, Any]) -> None:
+        """A pod read with a GET: the reconciler then finds it without another request."""
+        meta = pod.get("metadata") or {}
+        if (pod.get("spec") or {}).get("nodeName") == self.node_name:
+            self.put(meta.get("namespace", ""), meta.get("name", ""), pod_info(pod))
+
+    def alive(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the pod with this UID exists: the watch's answer, else one GET."""
+        info = self.get(namespace, name)
+        if info is not None and (not uid or info.uid == uid):
+            return True
+        try:
+            pod = self.kube.get_pod(namespace, name)
+        except NotFound:
+            return False
+        self.remember(pod)
+        return not uid or (pod.get("metadata") or {}).get("uid", "") == uid
 
     def __len__(self) -> int:
         return len(self._pods)

@@ -1,18 +1,19 @@
 """Resolve an attachment to (claim, allocated device): DESIGN.md "Finding the claim".
 
-pod (from CNI_ARGS) -> the pod's claims (spec.resourceClaims[].resourceClaimName
-and status.resourceClaimStatuses[]) -> the claims that are allocated to THIS
+pod (from CNI_ARGS) -> the pod's claims (spec.resourceClaims[].resourceClaimName,
+status.resourceClaimStatuses[] and the DRA extended-resource claim in
+status.extendedResourceClaimStatus) -> the claims that are allocated to THIS
 node, reserved for THIS pod (UID match) and have results of our driver -> the
-device: configured request name, else the driver's opaque config naming the
-interface, else the only device not bound to another attachment. Anything
-ambiguous is an error, never a guess: a wrong guess would publish one pod's
-addresses on another device.
+device (choose_device, docs/publisher.md "Finding the claim and the device").
+A claim allocated to another node is skipped with a reason, never hiding a
+matching claim later in the pod's list. Anything still ambiguous is an error,
+never a guess: a wrong guess would publish one pod's addresses on another device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
 
 from cni_plugin.wire import Event
 
@@ -50,6 +51,7 @@ class Target:
     pool: str
     device: str
     share_id: str = ""
+    claim: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # as read to resolve
 
     @property
     def claim_key(self) -> str:
@@ -65,9 +67,13 @@ def pod_claim_names(pod: dict[str, Any]) -> list[str]:
     for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
         if ref.get("resourceClaimName"):
             names.append(ref["resourceClaimName"])
-    for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+    status = pod.get("status") or {}
+    for st in status.get("resourceClaimStatuses") or []:
         if st.get("resourceClaimName"):
             names.append(st["resourceClaimName"])
+    extended = status.get("extendedResourceClaimStatus") or {}
+    if extended.get("resourceClaimName"):  # DRA extended resources: the scheduler's special claim
+        names.append(extended["resourceClaimName"])
     return list(dict.fromkeys(names))
 
 
@@ -111,35 +117,52 @@ def _config_requests(claim: dict[str, Any], driver: str, ifname: str) -> list[st
     return None
 
 
+def device_key(result: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (result.get("driver", ""), result.get("pool", ""), result.get("device", ""), result.get("shareID", "") or "")
+
+
+def _candidates(claim: dict[str, Any], event: Event) -> tuple[list[dict[str, Any]], str]:
+    """The results this attachment may use: by configured request (a subrequest
+    `nic/fast` matches `nic`), else by the driver's opaque config naming the
+    interface, else all of the driver's results."""
+    results = driver_results(claim, event.driver)
+    if event.request:
+        return [r for r in results if _request_matches(r.get("request", ""), event.request)], \
+            f"request {event.request!r}"
+    wanted = _config_requests(claim, event.driver, event.ifname)
+    if wanted is not None:
+        return [r for r in results if not wanted or r.get("request", "").split("/", 1)[0] in wanted], \
+            f"opaque config for interface {event.ifname}"
+    return results, "driver"
+
+
 def choose_device(
-    claim: dict[str, Any], event: Event, bound: Iterable[tuple[str, str, str, str]]
+    claim: dict[str, Any], event: Event, bound: Iterable[tuple[str, str, str, str]],
+    slice_names: Callable[[], dict[tuple[str, str], str]] | None = None,
 ) -> dict[str, Any] | None:
     """The allocation result for this attachment, None if the claim has none of ours.
 
-    Raises Unresolvable when more than one device fits.
+    Deterministic, in this order: the only candidate (request / opaque config,
+    _candidates); among several, the one whose ResourceSlice attribute
+    `interfaceName` names this interface (`slice_names()` is only asked then,
+    it costs a request); else the only one no other attachment holds. A single
+    candidate held by another pod's attachment is a shared device: it is
+    chosen (docs/publisher.md "Shared devices"). Raises Unresolvable
+    (AmbiguousDevice) when several still fit.
     """
-    results = driver_results(claim, event.driver)
-    if not results:
-        return None
-    if event.request:
-        chosen = [r for r in results if _request_matches(r.get("request", ""), event.request)]
-        how = f"request {event.request!r}"
-    else:
-        wanted = _config_requests(claim, event.driver, event.ifname)
-        if wanted is not None:
-            chosen = [r for r in results if not wanted or r.get("request", "").split("/", 1)[0] in wanted]
-            how = f"opaque config for interface {event.ifname}"
-        else:
-            taken = set(bound)
-            chosen = [
-                r for r in results
-                if (r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID", "") or "") not in taken
-            ]
-            how = "the only unbound device"
-    if len(chosen) > 1:
-        names = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in chosen)
-        raise Unresolvable(f"ambiguous device by {how}: {names}", "AmbiguousDevice")
-    return chosen[0] if chosen else None
+    chosen, how = _candidates(claim, event)
+    if len(chosen) <= 1:
+        return chosen[0] if chosen else None
+    names = slice_names() if slice_names else {}
+    named = [r for r in chosen if names.get((r.get("pool", ""), r.get("device", ""))) == event.ifname]
+    if len(named) == 1:
+        return named[0]
+    taken = set(bound)
+    free = [r for r in chosen if device_key(r) not in taken]
+    if len(free) == 1:
+        return free[0]
+    listed = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in (free or chosen))
+    raise Unresolvable(f"ambiguous device by {how}: {listed}", "AmbiguousDevice")
 
 
 class Resolver:
@@ -160,6 +183,8 @@ class Resolver:
             pod = self.kube.get_pod(namespace, name)
         except NotFound:
             raise NotYet(f"pod {namespace}/{name} is not visible") from None
+        if self.pods is not None:
+            self.pods.remember(pod)
         return (pod.get("metadata") or {}).get("uid", ""), pod_claim_names(pod)
 
     def resolve(self, event: Event, bound_for_claim: Any) -> Target:
@@ -174,8 +199,15 @@ class Resolver:
             raise Unresolvable(f"pod {pod_ref.namespace}/{pod_ref.name} references no ResourceClaim")
         found: list[Target] = []
         waiting: list[str] = []
+        skipped: list[Unresolvable] = []
         for name in names:
-            target = self._match_claim(pod_ref.namespace, name, uid, event, bound_for_claim, waiting)
+            try:
+                target = self._match_claim(pod_ref.namespace, name, uid, event, bound_for_claim, waiting)
+            except Unresolvable as exc:
+                if exc.reason != "AllocatedToOtherNode":
+                    raise
+                skipped.append(exc)  # not node-local: skip it, a later claim may be ours
+                continue
             if target is not None:
                 found.append(target)
         if len(found) > 1:
@@ -184,7 +216,9 @@ class Resolver:
         if found:
             return found[0]
         if waiting:
-            raise NotYet("; ".join(waiting))
+            raise NotYet("; ".join(waiting + [str(e) for e in skipped]))
+        if skipped:
+            raise skipped[0]
         raise Unresolvable(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} has a device of driver {event.driver}")
 
     def _match_claim(
@@ -212,7 +246,8 @@ class Resolver:
                                "AllocatedToOtherNode", namespace, name, claim_uid)
         key = f"{namespace}/{name}"
         try:
-            result = choose_device(claim, event, bound_for_claim(key))
+            result = choose_device(claim, event, bound_for_claim(key),
+                                   lambda: self.slice_interface_names(event.driver))
         except Unresolvable as exc:
             raise Unresolvable(f"claim {key}: {exc}", exc.reason, namespace, name, claim_uid) from None
         if result is None:
@@ -225,4 +260,18 @@ class Resolver:
             pool=result.get("pool", ""),
             device=result.get("device", ""),
             share_id=result.get("shareID", "") or "",
+            claim=claim,
         )
+
+    def slice_interface_names(self, driver: str) -> dict[tuple[str, str], str]:
+        """(pool, device) -> the interface its ResourceSlice attribute `interfaceName` names."""
+        out: dict[tuple[str, str], str] = {}
+        for sl in self.kube.list_resource_slices(self.node_name, driver).get("items") or []:
+            spec = sl.get("spec") or {}
+            pool = (spec.get("pool") or {}).get("name", "")
+            for dev in spec.get("devices") or []:
+                attrs = dev.get("attributes") or {}
+                attr = attrs.get("interfaceName") or attrs.get(f"{driver}/interfaceName") or {}
+                if isinstance(attr, dict) and isinstance(attr.get("string"), str):
+                    out[(pool, dev.get("name", ""))] = attr["string"]
+        return out

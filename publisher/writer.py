@@ -18,7 +18,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from .kube import Kube, PermanentError, TransientError
+from .kube import Kube, PermanentError
 
 
 def body_hash(entries: list[dict[str, Any]]) -> str:
@@ -99,35 +99,40 @@ class Writer:
         if known is not None:
             self.remember(claim_key, None)
 
-    def apply(self, namespace: str, name: str, entries: list[dict[str, Any]], on_retry: Callable[[Exception, int], None] | None = None) -> bool:
-        """Apply; True when a request was made, False when skipped as identical.
+    def apply(self, namespace: str, name: str, entries: list[dict[str, Any]],
+              on_server: list[dict[str, Any]] | None = None) -> bool:
+        """One apply attempt; True when a request was made, False when skipped.
 
-        Transient errors are retried until success or shutdown (then the last
-        TransientError is raised; the journal still holds the desired state).
-        PermanentError (incl. NotFound) is raised at once.
+        Skipped when the body equals the last one applied for the claim and,
+        if the caller read the live claim (`on_server`), the server still holds
+        each of our entries as applied (someone may have wiped them). Errors are
+        raised as classified by publisher/kube.py; retrying is the caller's job
+        (publisher/reconciler.py), so a failing claim never holds a worker.
         """
         key = f"{namespace}/{name}"
         entries = sort_entries(entries)
         digest = body_hash(entries)
         with self._guard:
-            if self._last.get(key) == digest:
-                self.on_skip()
-                return False
-        attempt = 0
-        while True:
-            try:
-                self.kube.apply_claim_status(namespace, name, entries, self.field_manager)
-                break
-            except TransientError as exc:
-                if on_retry:
-                    on_retry(exc, attempt)
-                if self.stopping.wait(backoff_delay(attempt, self.backoff_base, self.backoff_cap)):
-                    raise
-                attempt += 1
-            except PermanentError:
-                self.invalidate(key)
-                raise
+            same = self._last.get(key) == digest
+        if same and (on_server is None or holds(on_server, entries)):
+            self.on_skip()
+            return False
+        try:
+            self.kube.apply_claim_status(namespace, name, entries, self.field_manager)
+        except PermanentError:
+            self.invalidate(key)
+            raise
         with self._guard:
             self._last[key] = digest
         self.remember(key, digest)
         return True
+
+
+def holds(on_server: list[dict[str, Any]], entries: list[dict[str, Any]]) -> bool:
+    """True when every desired entry is on the server with each field we apply unchanged."""
+    by_key = {(e.get("driver"), e.get("pool"), e.get("device"), e.get("shareID", "") or ""): e for e in on_server}
+    for entry in entries:
+        server = by_key.get((entry["driver"], entry["pool"], entry["device"], entry.get("shareID", "") or ""))
+        if server is None or any(server.get(k) != v for k, v in entry.items()):
+            return False
+    return True

@@ -327,13 +327,35 @@ def add(plugin: Plugin, cid: str, pod: PodRef, **kw: Any) -> None:
 
 
 def drained(publisher: Publisher, timeout: float = 30.0) -> dict[str, Any]:
+    """Wait until the publisher is quiescent: no pending event, no spool file, no claim left to reconcile."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         st = publisher.status()
-        if st["journal_depth"] == 0:
+        if st["quiescent"]:
             return st
         time.sleep(0.1)
-    raise AssertionError(f"journal not drained: {publisher.status()}")
+    raise AssertionError(f"publisher not quiescent: {publisher.status()}")
+
+
+def resynced(publisher: Publisher, timeout: float = 30.0) -> dict[str, Any]:
+    """Quiescent, and a whole resync pass ran after this call (needs a short --resync-interval)."""
+    since = time.time()
+    deadline = since + timeout
+    while time.time() < deadline:
+        st = publisher.status()
+        if st["quiescent"] and (st["last_resync"] or 0) > since:
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"no resync after {timeout}s: {publisher.status()}")
+
+
+def apply_as(cluster: Cluster, claim: str, manager: str, devices: list[dict[str, Any]]) -> None:
+    """Server-side apply of status.devices as another field manager (another driver or node)."""
+    cluster.resource.patch_namespaced_resource_claim_status(
+        claim, cluster.namespace,
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+         "metadata": {"name": claim, "namespace": cluster.namespace}, "status": {"devices": devices}},
+        field_manager=manager, _content_type="application/apply-patch+yaml")
 
 
 def reallocate_elsewhere(cluster: Cluster, claim: str, pod: str, uid: str, device: str = "nic9") -> None:
@@ -342,6 +364,18 @@ def reallocate_elsewhere(cluster: Cluster, claim: str, pod: str, uid: str, devic
     cluster.resource.patch_namespaced_resource_claim_status(
         claim, cluster.namespace, {"status": {"reservedFor": None, "allocation": None}}, _content_type=MERGE)
     cluster.allocate(claim, [("nic", device)], pod, uid)
+
+
+def take_interface_name(cluster: Cluster, claim: str, device: str = "nic0") -> None:
+    """Another manager takes our entry's interfaceName (force): our next apply that differs
+    is refused with 409 Conflict, since the publisher never forces."""
+    cluster.resource.patch_namespaced_resource_claim_status(
+        claim, cluster.namespace,
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+         "metadata": {"name": claim, "namespace": cluster.namespace},
+         "status": {"devices": [{"driver": DRIVER, "pool": cluster.node, "device": device,
+                                 "networkData": {"interfaceName": "taken0"}}]}},
+        field_manager="someone-else", force=True, _content_type="application/apply-patch+yaml")
 
 
 def send_check(publisher: Publisher, cid: str, pod: PodRef, check_error: str = "mtu differs") -> None:

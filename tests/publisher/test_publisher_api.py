@@ -12,7 +12,7 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import DRIVER, Cluster, Plugin, add, drained, reallocate_elsewhere, send_check, suffix
+from publisher_testkit import DRIVER, Cluster, Plugin, add, apply_as, drained, suffix
 
 pytestmark = pytest.mark.controlplane
 
@@ -167,23 +167,22 @@ def test_claim_allocated_to_another_node_is_not_written(cluster: Cluster, publis
     assert warning["related"]["name"] == "elsewhere" and warning["related"]["uid"] == uid
 
 
-def test_422_is_reported_and_not_retried_forever(cluster: Cluster, publisher, plugin):
+def test_refused_apply_is_reported_and_not_retried_forever(cluster: Cluster, publisher, plugin):
     claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
+    # Another manager already owns our device's interface name: with force off the API answers 409.
+    apply_as(cluster, claim, "someone-else", [{"driver": DRIVER, "pool": "node-a", "device": "nic0",
+                                               "networkData": {"interfaceName": "other0"}}])
     pod, cid = PodRef(cluster.namespace, "web", uid), "c" + suffix()
     add(plugin, cid, pod)
-    cluster.wait_devices(claim, lambda d: len(d) == 1)
-    reallocate_elsewhere(cluster, claim, "web", uid)
-    send_check(publisher, cid, pod)
     st = drained(publisher)
     key = f"{cluster.namespace}/{claim}"
     assert st["claims"][key]["state"] == "error"
-    assert "allocated device" in st["claims"][key]["error"]
-    assert "422" in st["failed_events"][0]["error"]
-    applies = publisher.metric('netclaim_api_requests_total{code="422",verb="apply"}')
+    assert st["claims"][key]["error"].startswith("409: ")
+    applies = publisher.metric('netclaim_api_requests_total{code="409",verb="apply"}')
     assert applies == 1
     time.sleep(3)
-    assert publisher.metric('netclaim_api_requests_total{code="422",verb="apply"}') == applies
-    assert publisher.metric('netclaim_apply_errors_total{code="422"}') == 1
+    assert publisher.metric('netclaim_api_requests_total{code="409",verb="apply"}') == applies
+    assert publisher.metric('netclaim_apply_errors_total{code="409"}') == 1
     # ... and it is where `kubectl describe resourceclaim` looks: one Warning Event.
     api_message = st["claims"][key]["error"].split(": ", 1)[1]
     [warning] = cluster.wait_warnings(lambda e: len(e) >= 1)
@@ -194,7 +193,7 @@ def test_422_is_reported_and_not_retried_forever(cluster: Cluster, publisher, pl
         claim, cluster.namespace).metadata.uid
     assert warning["related"] == {"apiVersion": "v1", "kind": "Pod", "namespace": cluster.namespace,
                                   "name": "web", "uid": uid}
-    assert api_message in warning["note"] and "(422)" in warning["note"] and cid[:12] in warning["note"]
+    assert api_message[:200] in warning["note"] and "(409)" in warning["note"] and cid[:12] in warning["note"]
     assert warning["reportingInstance"] == "netclaim/node-a"
     assert publisher.metric('netclaim_k8s_events_total{result="created"}') == 1
 

@@ -3,7 +3,7 @@
 The command is what a person types on a node when a pod's claim has no
 network data, so it is tested end to end: the installed entry point, talking
 over the publisher's socket, after a published ADD (plus one event still
-waiting for its claim to be allocated) and after a 422 refusal.
+waiting for its claim to be allocated) and after the API refused an apply (409).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import BIN, Cluster, add, reallocate_elsewhere, send_check, suffix
+from publisher_testkit import BIN, Cluster, add, send_check, suffix, take_interface_name
 
 pytestmark = pytest.mark.controlplane
 
@@ -57,7 +57,7 @@ def line(text: str, label: str) -> str:
     return m.group(1)
 
 
-def test_status_cli_after_publish_and_after_a_422(cluster: Cluster, publisher, plugin):
+def test_status_cli_after_publish_and_after_a_refusal(cluster: Cluster, publisher, plugin):
     claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
     key = f"{cluster.namespace}/{claim}"
     pod, cid = PodRef(cluster.namespace, "web", uid), "c" + suffix()
@@ -88,24 +88,21 @@ def test_status_cli_after_publish_and_after_a_422(cluster: Cluster, publisher, p
     assert re.search(rf"^  {re.escape(key)}\s+published\s+node-a/nic0$", text, re.M), text
     assert "recently dropped events" not in text
 
-    # 2. After the API refused the claim's apply (422).
-    reallocate_elsewhere(cluster, claim, "web", uid)
+    # 2. After the API refused the claim's apply (409: another manager owns a field).
+    take_interface_name(cluster, claim)
     send_check(publisher, cid, pod)
     wait_status(publisher, lambda s: s["claims"][key]["state"] == "error")
     st = cli_json(publisher.socket)
     api_error = st["claims"][key]["error"]
-    assert api_error.startswith("422: ") and "allocated device" in api_error
-    assert st["journal_depth"] == 1  # the late ADD still waits; the CHECK was dropped, not retried
-    assert st["last_error"]["claim"] == key and st["last_error"]["containerID"] == cid
-    assert st["last_error"]["error"] == f"apply rejected (422): {api_error[5:]}"
-    [failed] = st["failed_events"]
-    assert failed["op"] == "CHECK" and failed["containerID"] == cid and "(422)" in failed["error"]
+    assert api_error.startswith("409: ") and "conflict" in api_error.lower()
+    assert st["journal_depth"] == 1  # the late ADD still waits; the refused claim is not retried
+    assert st["dirty_claims"] == 0
+    assert st["last_error"]["claim"] == key and st["last_error"]["error"] == api_error
     text = cli_text(publisher.socket)
     assert line(text, "journal depth") == "1"
     last = line(text, "last error")
-    assert re.match(r"[0-9.]+s ago ", last) and key in last and "apply rejected (422)" in last
+    assert re.match(r"[0-9.]+s ago ", last) and key in last and "409: " in last
     assert re.search(rf"^  {re.escape(key)}\s+error\s+node-a/nic0  error: {re.escape(api_error)}$", text, re.M), text
-    assert f"  CHECK {cid[:12]}/eth0: apply rejected (422)" in text.split("recently dropped events:", 1)[1]
 
 
 def test_status_cli_without_a_publisher_says_so(workdir):

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import (DRIVER, MERGE, Cluster, Plugin, add, drained, reallocate_elsewhere, send_check,
+from publisher_testkit import (DRIVER, MERGE, Cluster, Plugin, add, drained, send_check, take_interface_name,
                                suffix)
 
 pytestmark = pytest.mark.controlplane
@@ -35,11 +35,11 @@ def test_repeated_apply_refusal_makes_one_event_within_the_window(cluster: Clust
     pod, cid = PodRef(cluster.namespace, "web", uid), "c" + suffix()
     add(plugin, cid, pod)
     cluster.wait_devices(claim, lambda d: len(d) == 1)
-    reallocate_elsewhere(cluster, claim, "web", uid)
+    take_interface_name(cluster, claim)
     send_check(publisher, cid, pod, "mtu differs")
     cluster.wait_warnings(lambda e: len(e) == 1)
     send_check(publisher, cid, pod, "mtu still differs")  # the same refusal again
-    wait_metric(publisher, 'netclaim_apply_errors_total{code="422"}', 2)
+    wait_metric(publisher, 'netclaim_apply_errors_total{code="409"}', 2)
     wait_metric(publisher, 'netclaim_k8s_events_total{result="deduplicated"}', 1)
     time.sleep(1.0)  # a second Event, if any were posted, would be visible by now
     [warning] = cluster.warnings()
@@ -72,9 +72,10 @@ def test_pod_without_claims_for_the_driver_gets_an_event_on_the_pod(cluster: Clu
 def test_ambiguous_device_gets_an_event_on_the_claim(cluster: Cluster, publisher, plugin):
     claim, uid = cluster.pod_with_claim("two", [("nic-a", "nic0"), ("nic-b", "nic1")])
     add(plugin, "c" + suffix(), PodRef(cluster.namespace, "two", uid), request_name="")
-    drained(publisher)
-    assert cluster.devices(claim) == []
     [warning] = cluster.wait_warnings(lambda e: len(e) == 1)
+    assert cluster.devices(claim) == []
+    # Not dropped: it waits (and is retried) in case the claim changes.
+    assert "ambiguous" in publisher.status()["oldest_pending"]["last_error"]
     assert warning["reason"] == "AmbiguousDevice"
     assert (warning["regarding"]["kind"], warning["regarding"]["name"]) == ("ResourceClaim", claim)
     assert warning["related"]["uid"] == uid

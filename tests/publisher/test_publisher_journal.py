@@ -14,16 +14,29 @@ POD = PodRef("ns", "pod", "uid")
 def test_events_of_one_attachment_wait_for_an_older_one_backing_off(workdir):
     j = Journal(str(workdir / "state"))
     add = wire_event("ADD", "c1", POD, cni_result())
-    dele = wire_event("DEL", "c1", POD)
+    check = wire_event("CHECK", "c1", POD, cni_result())
     other = wire_event("ADD", "c2", POD, cni_result())
-    assert j.append_many([add, dele, other]) == [True, True, True]
+    assert j.append_many([add, check, other]) == [True, True, True]
     ready = j.ready(0, 1, time.time())
-    assert [p.event.event_id for p in ready] == [add.event_id, other.event_id]  # DEL waits behind its ADD
+    assert [p.event.event_id for p in ready] == [add.event_id, other.event_id]  # CHECK waits behind its ADD
     j.reschedule(ready[0].seq, time.time() + 60, "pod not visible")
     ready = j.ready(0, 1, time.time())
-    assert [p.event.event_id for p in ready] == [other.event_id]  # the DEL still waits
+    assert [p.event.event_id for p in ready] == [other.event_id]  # the CHECK still waits
     j.finish(ready[0].seq)
     assert j.depth() == 2
+    # ... without making the worker spin: the CHECK is not due, only the ADD's retry is.
+    assert j.next_due(0, 1) > time.time() + 50
+    j.close()
+
+
+def test_a_del_retires_the_older_pending_add_of_its_attachment(workdir):
+    j = Journal(str(workdir / "state"))
+    add = wire_event("ADD", "c1", POD, cni_result())
+    dele = wire_event("DEL", "c1", POD)
+    j.append(add)
+    j.reschedule(j.ready(0, 1, time.time())[0].seq, time.time() + 60, "claim not allocated")
+    j.append(dele)
+    assert [p.event.op for p in j.ready(0, 1, time.time())] == ["DEL"]
     j.close()
 
 

@@ -78,9 +78,15 @@ def test_ready_transition_time_moves_only_on_status_change():
 
 @pytest.mark.parametrize("value,canonical", [
     ("2001:0db8:0:0::5/64", "2001:db8::5/64"),
-    ("10.001.0.5/16", None),
+    ("10.001.0.5/16", "10.1.0.5/16"),  # the API server's parser reads leading zeros as decimal
     ("10.1.0.5/16", "10.1.0.5/16"),
     ("10.1.0.5", None),
+    ("::ffff:10.1.0.5/112", "10.1.0.5/16"),  # IPv4-mapped: printed as IPv4, prefix - 96
+    ("::ffff:a01:5/128", "10.1.0.5/32"),
+    ("::10.1.0.5/128", "::a01:5/128"),  # IPv4-compatible stays IPv6
+    ("::ffff:10.1.0.5/64", None),  # no form the server accepts
+    ("FE80::1/64", "fe80::1/64"),
+    ("fe80::1%eth0/64", None),
 ])
 def test_canonical_cidr(value, canonical):
     if canonical is None:

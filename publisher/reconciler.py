@@ -1,0 +1,181 @@
+"""The per-claim reconciler: the ONLY code that writes a claim's status.
+
+Desired state = journal ∩ live cluster. For one claim it reads the live claim
+(or takes the copy just read to resolve an ADD), keeps the journal's
+attachments of that claim that are still live, and applies their entries in
+one server-side apply (publisher/writer.py). ADD, DEL, CHECK, GC, resync and
+start-up all end here, so there is one apply path with one error policy:
+
+- transient (no answer, 429, 5xx, 401): raised to the caller, who leaves the
+  claim marked dirty in the journal and retries it with backoff;
+- 404: the claim is gone, its attachments are forgotten;
+- other 4xx: reported (claim state `error`, Warning `ApplyRejected`), not
+  retried until the claim or the desired entries change.
+
+An attachment is shown only while (see docs/design.md "Desired state"):
+the claim has the UID it was resolved against, is allocated to this node,
+still lists the attachment's device in its allocation results, and reserves
+it for the attachment's pod UID; and the pod exists. A pod that is gone or a
+claim that was recreated drops the attachment from the journal for good; the
+other conditions only hide it (a later allocation may show it again).
+Several live attachments on one device (a shared claim, or an older and a
+newer sandbox of a pod): the entry carries the latest one by order stamp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from cni_plugin.wire import Event, order_before
+
+from . import logs
+from .journal import Attachment, Journal
+from .kube import Kube, NotFound, PermanentError
+from .report import Reporter, event_fields
+from .resolver import allocated_node, device_key
+from .writer import Writer, body_hash, sort_entries
+
+
+@dataclass
+class Desired:
+    """One claim's reconcile plan."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    shown: list[Attachment] = field(default_factory=list)
+    hidden: list[tuple[Attachment, str]] = field(default_factory=list)
+    dropped: list[tuple[Attachment, str]] = field(default_factory=list)
+
+
+def claim_facts(claim: dict[str, Any]) -> tuple[str, str | None, set[tuple[str, str, str, str]], set[str]]:
+    """(uid, allocated node, allocated device keys, reserved pod UIDs) of a live claim."""
+    status = claim.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    reserved = {r.get("uid", "") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"}
+    node = allocated_node(claim) if status.get("allocation") else None
+    return (claim.get("metadata") or {}).get("uid", ""), node, {device_key(r) for r in results}, reserved
+
+
+def hidden_reason(att: Attachment, node: str, facts: tuple[str, str | None, set, set]) -> str:
+    """Why a journaled attachment is not shown on the live claim ('' when it is)."""
+    _, alloc_node, devices, reserved = facts
+    if alloc_node is None:
+        return "claim is not allocated to a single node"
+    if alloc_node != node:
+        return f"claim is allocated to node {alloc_node!r}"
+    if att.device_key not in devices:
+        return f"device {att.pool}/{att.device} is no longer allocated"
+    if att.pod_uid not in reserved:
+        return f"claim is not reserved for pod {att.pod_namespace}/{att.pod_name}"
+    return ""
+
+
+def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
+         pod_alive: Callable[[Attachment], bool]) -> Desired:
+    """Which attachments the claim's status shows, hides, or forgets (pure but for pod_alive)."""
+    facts = claim_facts(claim)
+    out = Desired()
+    latest: dict[tuple[str, str, str, str], Attachment] = {}
+    for att in atts:
+        if att.claim_uid and att.claim_uid != facts[0]:
+            out.dropped.append((att, "claim was recreated (uid differs)"))
+            continue
+        why = hidden_reason(att, node, facts)
+        if why:
+            out.hidden.append((att, why))
+            continue
+        if not pod_alive(att):
+            out.dropped.append((att, f"pod {att.pod_namespace}/{att.pod_name} is gone"))
+            continue
+        held = latest.get(att.device_key)
+        if held is None or order_before(held.stamp, att.stamp):
+            latest[att.device_key] = att
+    out.shown = [latest[k] for k in sorted(latest)]
+    out.entries = sort_entries([a.entry for a in out.shown])
+    return out
+
+
+def server_devices(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    return (claim.get("status") or {}).get("devices") or []
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, journal: Journal, writer: Writer, pods: Any, node: str,
+                 reporter: Reporter) -> None:
+        self.kube = kube
+        self.journal = journal
+        self.writer = writer
+        self.pods = pods
+        self.node = node
+        self.report = reporter
+        self.metrics = reporter.metrics
+        self.log = logs.get()
+        # claim -> (body hash, resourceVersion) of an apply the API refused: not
+        # repeated until the claim or our entries change.
+        self._rejected: dict[str, tuple[str, str]] = {}
+
+    def _pod_alive(self, att: Attachment) -> bool:
+        if self.pods is None:
+            return True
+        return self.pods.alive(att.pod_namespace, att.pod_name, att.pod_uid)
+
+    def reconcile(self, ns: str, name: str, claim: dict[str, Any] | None = None,
+                  trigger: Event | None = None) -> bool:
+        """Make the claim's status show the desired entries; True when an apply was sent.
+
+        Raises TransientError (the claim stays dirty; the caller retries later).
+        """
+        key = f"{ns}/{name}"
+        with self.writer.claim_lock(key):
+            if claim is None:
+                try:
+                    claim = self.kube.get_claim(ns, name)
+                except NotFound as exc:
+                    self._gone(ns, name, exc.message, trigger)
+                    return False
+            desired = plan(claim, self.journal.for_claim(ns, name), self.node, self._pod_alive)
+            rv = (claim.get("metadata") or {}).get("resourceVersion", "")
+            if self._rejected.get(key) == (body_hash(desired.entries), rv):
+                self.journal.clean(ns, name)
+                return False
+            try:
+                wrote = self.writer.apply(ns, name, desired.entries, server_devices(claim))
+            except NotFound as exc:
+                self._gone(ns, name, exc.message, trigger)
+                return False
+            except PermanentError as exc:
+                self._rejected[key] = (body_hash(desired.entries), rv)
+                self._refused(key, desired, exc, trigger)
+                return False
+            self._rejected.pop(key, None)
+            self._commit(ns, name, desired)
+            devices = [f"{a.pool}/{a.device}" for a in desired.shown]
+            self.report.claim_state(key, "published", "", devices)
+            self.log.info("published" if wrote else "unchanged, apply skipped",
+                          extra={"entries": len(desired.entries), **event_fields(trigger, key)})
+            return wrote
+
+    def _commit(self, ns: str, name: str, desired: Desired) -> None:
+        for att, why in desired.dropped:
+            self.log.info("attachment dropped", extra={"reason": why, "claim": f"{ns}/{name}",
+                                                       **logs.attachment_fields(None, "", *att.key)})
+        self.journal.finish(None, delete=[a.key for a, _ in desired.dropped])
+        self.journal.clean(ns, name)
+
+    def _gone(self, ns: str, name: str, message: str, trigger: Event | None) -> None:
+        key = f"{ns}/{name}"
+        self.journal.forget([a.key for a in self.journal.for_claim(ns, name)])
+        self.journal.clean(ns, name)
+        self.writer.invalidate(key)
+        self.report.claim_state(key, "gone", message, [])
+        self.log.warning("claim is gone, its attachments are forgotten", extra=event_fields(trigger, key))
+
+    def _refused(self, key: str, desired: Desired, exc: PermanentError, trigger: Event | None) -> None:
+        ns, _, name = key.partition("/")
+        self.metrics.apply_errors.labels(str(exc.code)).inc()
+        self.report.claim_state(key, "error", f"{exc.code}: {exc.message}")
+        self.log.error("apply rejected", extra={"code": exc.code, "error": exc.message, **event_fields(trigger, key)})
+        uid = next((a.claim_uid for a in desired.shown if a.claim_uid), "")
+        self.report.warn_claim(key, uid, "ApplyRejected",
+                               f"apply of this node's entries rejected ({exc.code}): {exc.message}", trigger)
+        self.journal.clean(ns, name)
