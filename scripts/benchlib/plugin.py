@@ -259,6 +259,7 @@ def _figures(runs: int, walls: dict[str, list[float]], cpus: dict[str, list[floa
             "Runs of all cases are interleaved; the range is over per-block ratios. CPU = the child's "
             "user + system time (wall time also holds the spool's fsync and other load)."),
         "runs": runs,
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "publisher": "absent (events spooled with fsync to a temp dir); 'ack' row: trivial acking server",
         "floor": "/usr/bin/python3 -I -S -c pass (Debian python3.11, host)",
         "floor_ms": round(floor * 1000, 2),
