@@ -75,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="publisher --workers")
     parser.add_argument("--start-batch", type=int, default=5, help="publishers started at once")
     parser.add_argument("--plot", default="", help="also write a PNG of cost against N here")
+    parser.add_argument("--resync-interval", type=float, default=300.0,
+                        help="publisher --resync-interval (default: the publisher's default)")
+    parser.add_argument("--tracked-idle", type=float, default=0.0,
+                        help="also measure this many idle seconds while the ADDed claims are tracked (to see "
+                             "the resync cost, with a --resync-interval shorter than this)")
     parser.add_argument("--apf", action="store_true",
                         help="also: kubelet-like latency under a publisher flood, with and without the shipped "
                              "APF objects (on a second control plane with lowered concurrency limits)")
@@ -255,14 +260,14 @@ class Publisher:
     def socket(self) -> str:
         return str(self.dir / "run" / "p.sock")
 
-    def start(self, kubeconfig: str, workers: int) -> None:
+    def start(self, kubeconfig: str, workers: int, resync: float) -> None:
         self.port = _free_port()
         with open(self.dir / "publisher.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [str(BIN / "netclaim-publisher"), "run", "--node-name", self.node, "--kubeconfig", kubeconfig,
                  "--socket", self.socket, "--state-dir", str(self.dir / "state"),
                  "--spool-dir", str(self.dir / "spool"), "--metrics-address", f"127.0.0.1:{self.port}",
-                 "--workers", str(workers), "--log-level", "warning"],
+                 "--workers", str(workers), "--resync-interval", str(resync), "--log-level", "warning"],
                 stdout=log, stderr=log, start_new_session=True)
 
     def ready(self) -> bool:
@@ -347,7 +352,7 @@ class Scale:
                 kubeconfig = write_kubeconfig(pdir / "kubeconfig", self.cp.handle.server, self.cp.handle.ca_file,
                                               node_token(self.cp.api, ensure_node(self.cp.api, node)))
                 pub = Publisher(node, pdir)
-                pub.start(kubeconfig, self.args.workers)
+                pub.start(kubeconfig, self.args.workers, self.args.resync_interval)
                 self.publishers[node] = pub
                 batch.append(pub)
             _until(lambda: all(p.ready() for p in batch), 120, f"publishers {[p.node for p in batch]} ready")
@@ -510,6 +515,7 @@ def measure_point(bench: Scale, n: int) -> dict[str, Any]:
     s4 = cp.snapshot(bench.publishers)
     add = Delta.between(s3, s4)
     add.requests["WATCH resourceclaims"] = add.requests.get("WATCH resourceclaims", 0) - 1  # the bench's own
+    tracked = _tracked_idle(bench, idle, len(specs)) if bench.args.tracked_idle > 0 else {}
     rest = bench.args.lifetime - (time.time() - min(acked.values()))
     if rest > 0:
         time.sleep(rest)
@@ -534,6 +540,7 @@ def measure_point(bench: Scale, n: int) -> dict[str, Any]:
         "per_add": add.net_of_idle(idle, len(specs)),
         "add_requests": {k: int(v) for k, v in sorted(add.requests.items())},
         "per_del": dele.net_of_idle(idle, len(specs)),
+        "tracked_idle": tracked,
         "del_requests": {k: int(v) for k, v in sorted(dele.requests.items())},
         "handoff_to_visible_ms": {"p50": round(percentile(latency, .5), 1), "p99": round(percentile(latency, .99), 1),
                                   "max": round(max(latency), 1)},
@@ -542,6 +549,19 @@ def measure_point(bench: Scale, n: int) -> dict[str, Any]:
         "host_mem_available_mib": _mem_available_mib(),
         "host_load_1m": round(os.getloadavg()[0], 2),  # the machine is shared: how busy it was
     }
+
+
+def _tracked_idle(bench: Scale, idle: Delta, claims: int) -> dict[str, Any]:
+    """Idle seconds with `claims` tracked: what the periodic resync costs, per claim and pass."""
+    a = bench.cp.snapshot(bench.publishers)
+    time.sleep(bench.args.tracked_idle)
+    b = bench.cp.snapshot(bench.publishers)
+    d = Delta.between(a, b)
+    extra = {k: v - idle.requests.get(k, 0.0) * d.seconds / idle.seconds for k, v in d.requests.items()}
+    passes = d.seconds / bench.args.resync_interval
+    return {"seconds": round(d.seconds, 1), "claims": claims, "resync_interval": bench.args.resync_interval,
+            "requests": {k: round(v, 1) for k, v in extra.items() if v > 0.5},
+            "requests_per_claim_per_resync": round(sum(extra.values()) / claims / passes, 2)}
 
 
 @dataclass
@@ -580,7 +600,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         apf = {}
     figures = {"points": points, "error": error, "cpus": os.cpu_count(), "apf": apf,
                "options": {k: getattr(args, k) for k in ("nodes", "pods_per_node", "rate", "lifetime", "idle",
-                                                        "workers")},
+                                                        "workers", "resync_interval", "tracked_idle")},
                "growth": growth(points),
                "extrapolation": {"assumptions": Cluster().__dict__,
                                  "figures": extrapolate(points[-1]) if points else {}}}
