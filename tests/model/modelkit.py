@@ -50,7 +50,7 @@ MERGE = "application/merge-patch+json"
 # ifname -> (network name, request name): two networks in the conflist dir, one request each.
 NETWORKS = {"eth0": ("neta", "a"), "net1": ("netb", "b")}
 CLAIMS = {"ca": "a", "cb": "b"}  # claim base name -> its one request
-RESYNC_INTERVAL = 0.5
+RESYNC_INTERVAL = 0.3
 QUIESCE_TIMEOUT = 60.0
 
 
@@ -129,6 +129,10 @@ class Proxy:
 
     def cut(self) -> None:
         if self.listener:
+            try:  # wakes the accept() thread; close() alone leaves the port listening
+                self.listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.listener.close()
             self.listener = None
         with self.lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class Harness:
     apiserver_up: bool = True
     sequences: int = 0
     sandboxes: int = 0
+    steps: Counter = field(default_factory=Counter)  # step name -> times run, for the report
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -73,10 +75,16 @@ class Scenario:
     apiserver_restarts: int = 0
     rotations: int = 0
     log: list[str] = field(default_factory=list)
+    done: Counter = field(default_factory=Counter)  # steps run in this sequence (caps in the machine)
+
+    def count(self, step: str) -> int:
+        return self.done[step]
 
     # ------------------------------------------------------------ setup
 
-    def begin(self, heavy: bool = False) -> None:
+    def begin(self, heavy: bool = False, first: str = "") -> None:
+        """Claims ca (request a) -> p0 and cb (request b) -> p1, a sandbox for p0 and p1; with
+        `first` (a channel) their attachments on the claims' requests are ADDed already."""
         self.h.sequences += 1
         self.sid = f"{self.h.sequences}{uuid.uuid4().hex[:4]}"
         self.heavy = heavy
@@ -92,6 +100,11 @@ class Scenario:
             self._create_pod(slot)
         self.allocate(claim="ca", slot=0, device="dev0", node=NODE)
         self.allocate(claim="cb", slot=1, device="dev0", node=NODE)
+        for slot in (0, 1):  # the pods holding the claims already have a sandbox (not yet ADDed)
+            self.new_sandbox(slot)
+        if first:
+            self.add(0, first)  # (sandbox 0, eth0): p0 on request a
+            self.add(2, first)  # then [(0, net1), (1, eth0), (1, net1)]: (1, net1) is p1 on request b
 
     def _create_pod(self, slot: int) -> None:
         s = self.slots[slot]
@@ -119,6 +132,20 @@ class Scenario:
         return sorted(self.live)
 
     # ------------------------------------------------------------ CNI verbs through the real plugin
+
+    def cni(self, verb: str, pick: int, channel: str) -> None:
+        """One CNI verb on an attachment that allows it (a no-op when none does).
+        `channel` "lost" applies to DEL only (socket for the others); GC picks its network."""
+        if channel == "lost" and verb != "DEL":
+            channel = "socket"
+        if verb == "ADD" and self.addable():
+            self.add(pick, channel)
+        elif verb == "DEL" and self.deletable():
+            self.delete(pick, channel)
+        elif verb == "CHECK" and self.deletable():
+            self.check(pick, channel)
+        elif verb == "GC":
+            self.gc(pick, channel)
 
     def new_sandbox(self, slot: int) -> None:
         alive = self.alive_slots()
@@ -189,6 +216,34 @@ class Scenario:
             del self.model.known[key]
 
     # ------------------------------------------------------------ publisher, network, API server, credentials
+
+    def disturb(self, kind: str, claim: str = "ca", slot: int | None = 0, device: str = "dev0",
+                node: str = NODE) -> None:
+        """One non-CNI step when it applies now (else nothing): publisher, network, API server,
+        credentials, scheduler, user. Expensive ones only in heavy sequences, at most once."""
+        api, h = self.h.apiserver_up, self.h
+        if kind == "kill_publisher" and h.publisher.running and self.kills < 1 + self.heavy:
+            self.kill_publisher()
+        elif kind == "start_publisher" and not h.publisher.running:
+            self.start_publisher()
+        elif kind == "cut_api" and h.proxy.up and self.done["cut_api"] < 2:
+            self.done["cut_api"] += 1
+            self.cut_api()
+        elif kind == "restore_api" and not h.proxy.up:
+            self.restore_api()
+        elif kind == "stop_apiserver" and self.heavy and api and not self.apiserver_restarts:
+            self.stop_apiserver()
+        elif kind == "start_apiserver" and not api:
+            self.start_apiserver()
+        elif kind == "rotate_token" and self.heavy and api and not self.rotations:
+            self.rotate_token()
+        elif kind == "allocate" and api:
+            self.allocate(claim, slot, device, node)
+        elif kind == "delete_pod" and api and self.alive_slots() and self.done["delete_pod"] < 2:
+            self.done["delete_pod"] += 1
+            self.delete_pod(slot or 0)
+        elif kind == "recreate_pod" and api and len(self.alive_slots()) < len(self.slots):
+            self.recreate_pod(slot or 0)
 
     def kill_publisher(self) -> None:
         self.h.publisher.kill()
