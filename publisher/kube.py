@@ -88,10 +88,28 @@ def load_client(kubeconfig: str | None, pool_size: int = 8) -> Any:
     else:
         config.load_incluster_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
+    _strip_token(configuration)
     # Retries are the publisher's own job (with backoff that knows about the
     # journal); urllib3 must not hide an outage behind its own retry loop.
     configuration.retries = 0
     return client.ApiClient(configuration)
+
+
+def _strip_token(configuration: Any) -> None:
+    """A token file written by `echo` ends in a newline, which makes an invalid header;
+    the client sets the token again before every request (its refresh hook), so strip there too."""
+    hook = configuration.refresh_api_key_hook
+
+    def stripped(cfg: Any) -> None:
+        if hook is not None:
+            hook(cfg)  # (it installs itself again: put ours back)
+            cfg.refresh_api_key_hook = stripped
+        for key, value in list((cfg.api_key or {}).items()):
+            if isinstance(value, str):
+                cfg.api_key[key] = value.strip()
+
+    configuration.refresh_api_key_hook = stripped
+    stripped(configuration)
 
 
 def _token_files(kubeconfig: str | None) -> list[str]:
