@@ -129,9 +129,10 @@ class Service:
                 return
             except BaseException as exc:  # noqa: BLE001 - a node service must not lose a thread
                 self.down[name] = f"{name} crashed: {type(exc).__name__}: {exc}"
-                self.log.exception("thread crashed, restarting", extra={"thread": name})
+                self.log.exception("thread crashed, restarting", extra={"component": name})
                 if self.stopping.wait(limits.WORKER_RESTART_DELAY):
                     return
+                self.down.pop(name, None)  # running again
         self.down.pop(name, None)
 
     def stop(self, timeout: float = 5.0) -> None:

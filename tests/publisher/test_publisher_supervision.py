@@ -1,0 +1,85 @@
+"""Defect 5 of issue 9 through the publisher's code: a failing journal or a crashing thread never
+takes a worker away for good, and /readyz says why while it lasts.
+
+A full disk cannot be produced safely on this shared machine, so the journal's
+write methods are replaced by ones raising what SQLite raises then
+("database or disk is full") — a fake only for that condition; everything else
+(journal file, API server, threads) is real.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from cni_plugin.wire import PodRef
+from publisher.kube import Credentials, Kube
+from publisher.metrics import Metrics
+from publisher.service import Service, Settings
+from publisher_testkit import cni_result, wire_event
+
+pytestmark = pytest.mark.controlplane
+
+
+def disk_full(*_a, **_kw):
+    raise sqlite3.OperationalError("database or disk is full")
+
+
+@pytest.fixture()
+def service(control_plane, workdir):
+    kube = Kube(Credentials(control_plane.kubeconfig).loader(control_plane.kubeconfig, 4),
+                credentials=Credentials(control_plane.kubeconfig))
+    svc = Service(Settings(node_name="node-a", state_dir=str(workdir / "state"), spool_dir=str(workdir / "spool"),
+                           workers=1, emit_events=False), kube, Metrics())
+    yield svc
+    svc.stop()
+
+
+def wait(predicate, timeout: float = 20.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition never became true")
+
+
+def test_defect5_journal_write_error_keeps_the_worker_and_says_not_ready(service, monkeypatch):
+    service.start()
+    wait(lambda: service.ready()[0])
+    real_finish, real_reschedule = service.journal.finish, service.journal.reschedule
+    monkeypatch.setattr(service.journal, "finish", disk_full)
+    monkeypatch.setattr(service.journal, "reschedule", disk_full)
+    ev = wire_event("ADD", "c1", PodRef("ns", "never-there", "u"), cni_result())
+    service.submit(ev)
+    wait(lambda: not service.ready()[0])
+    assert "disk is full" in service.ready()[1]
+    assert service.journal.depth() == 1  # the event is still there, not lost
+    monkeypatch.setattr(service.journal, "finish", real_finish)
+    monkeypatch.setattr(service.journal, "reschedule", real_reschedule)
+    wait(lambda: service.ready()[0])  # the same worker goes on
+    workers = [t for t in service._threads if t.name == "worker-0"]
+    assert workers and workers[0].is_alive()
+
+
+def test_defect5_crashed_thread_is_restarted_and_reported(service):
+    calls = []
+    release = threading.Event()
+
+    def body() -> None:
+        calls.append(time.time())
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        release.wait(20)
+
+    service.started = True
+    service._spawn("probe", body)
+    wait(lambda: "probe" in service.down)
+    ok, why = service.ready()
+    assert not ok and "probe crashed: RuntimeError: boom" in why
+    wait(lambda: len(calls) == 2)  # restarted
+    wait(lambda: service.ready()[0])  # and no longer reported down
+    release.set()
