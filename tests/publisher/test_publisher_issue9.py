@@ -315,3 +315,35 @@ def test_defect6_attachment_moving_to_another_claim_leaves_nothing_behind(cluste
     cluster.wait_devices("second", lambda d: len(d) == 1)
     drained(publisher)
     assert ours(cluster.devices("first")) == []
+
+
+# ---------------------------------------------------------------- spool overflow (the plugin's marker)
+
+
+def test_spool_overflow_is_counted_shown_and_warned_about(cluster: Cluster, publisher_factory, workdir):
+    import json
+
+    publisher = publisher_factory(extra=["--spool-interval", "0.2"])
+    os.makedirs(publisher.spool, mode=0o700, exist_ok=True)
+    marker = {"dropped": 3, "firstDroppedAt": time.time() - 5, "lastDroppedAt": time.time(), "lastCommand": "DEL"}
+    with open(os.path.join(publisher.spool, "overflow"), "w") as fh:  # as cni_plugin/wire.py writes it
+        json.dump(marker, fh)
+    deadline = time.time() + 20
+    while time.time() < deadline and publisher.status()["spool_overflow"]["dropped"] < 3:
+        time.sleep(0.1)
+    st = publisher.status()
+    assert st["spool_overflow"]["dropped"] == 3 and st["spool_overflow"]["last"]["lastCommand"] == "DEL"
+    assert "spool was full" in st["last_error"]["error"]
+    assert publisher.metric("netclaim_spool_overflow_events_total") == 3
+    assert not os.path.exists(os.path.join(publisher.spool, "overflow"))  # taken: counted once
+    from kubernetes import client
+
+    def node_warnings() -> list[dict]:
+        resp = client.EventsV1Api(cluster.api).list_namespaced_event("default", _preload_content=False)
+        return [e for e in json.loads(resp.data)["items"]
+                if e.get("reason") == "SpoolOverflow" and e["regarding"]["kind"] == "Node"]
+
+    deadline = time.time() + 20
+    while time.time() < deadline and not node_warnings():
+        time.sleep(0.2)
+    assert node_warnings(), "no SpoolOverflow Warning on the Node"
