@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from cni_plugin.wire import Event
 
-from .kube import Kube, NotFound
+from .kube import Kube, NotFound, PermanentError
 
 
 class NotYet(Exception):
@@ -266,7 +266,11 @@ class Resolver:
     def slice_interface_names(self, driver: str) -> dict[tuple[str, str], str]:
         """(pool, device) -> the interface its ResourceSlice attribute `interfaceName` names."""
         out: dict[tuple[str, str], str] = {}
-        for sl in self.kube.list_resource_slices(self.node_name, driver).get("items") or []:
+        try:
+            slices = self.kube.list_resource_slices(self.node_name, driver).get("items") or []
+        except PermanentError:  # e.g. 403: RBAC without `list resourceslices`; decide without them
+            return out
+        for sl in slices:
             spec = sl.get("spec") or {}
             pool = (spec.get("pool") or {}).get("name", "")
             for dev in spec.get("devices") or []:
