@@ -1,0 +1,201 @@
+"""netclaim in a real Kubernetes node: what `kubectl get resourceclaim -o yaml` shows.
+
+Nothing here plays the scheduler or the kubelet: the controller-manager
+generates claims from templates, the scheduler allocates the DRA test
+driver's devices, the kubelet prepares them and asks containerd 2.x for the
+sandbox, containerd runs the CNI chain that ends in netclaim, and the
+publisher (a node service with the shipped RBAC) writes the claim status.
+Every expectation about addresses is read from the pod's own netns.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until
+
+
+def visible_entry(cluster: RealCluster, ns: str, claim: str, ips: list[str] | None = None) -> dict:
+    """Wait until the claim shows netclaim's Ready entry (with exactly `ips` when given); return it."""
+    def entry() -> dict | None:
+        mine = entries_of(cluster.claim_yaml(ns, claim), cluster.driver)
+        if len(mine) == 1 and ready_status(mine[0]) == "True":
+            if ips is None or sorted(mine[0]["networkData"]["ips"]) == sorted(ips):
+                return mine[0]
+        return None
+    return wait_until(entry, f"netclaim's Ready entry on {ns}/{claim}", timeout=60)
+
+
+def entry_gone(cluster: RealCluster, ns: str, claim: str) -> None:
+    def gone() -> bool:
+        out = cluster.kubectl("get", "resourceclaim", claim, "-n", ns, "-o", "yaml", check=False)
+        return not out or not entries_of(yaml.safe_load(out), cluster.driver)
+    wait_until(gone, f"netclaim's entry on {ns}/{claim} to go", timeout=60)
+
+
+def assert_entry_is_the_pods(cluster: RealCluster, ns: str, pod: str, claim: str) -> dict:
+    eth0 = cluster.interface(ns, pod)
+    entry = visible_entry(cluster, ns, claim, eth0.cidrs)
+    assert entry["networkData"] == {"interfaceName": "eth0", "ips": eth0.cidrs, "hardwareAddress": eth0.mac}
+    assert cluster.pod_ip(ns, pod) in [c.split("/")[0] for c in eth0.cidrs]
+    claim_obj = cluster.claim_yaml(ns, claim)
+    (result,) = claim_obj["status"]["allocation"]["devices"]["results"]
+    # The entry names exactly the device the scheduler allocated from the driver's pool on this node.
+    assert (entry["driver"], entry["pool"], entry["device"]) == (cluster.driver, cluster.node, result["device"])
+    return entry
+
+
+def test_template_pod_gets_the_ready_entry_with_its_real_ips_and_mac(real_cluster: RealCluster, ns: str) -> None:
+    real_cluster.claim_template(ns)
+    real_cluster.pod(ns, "web", template="net")
+    real_cluster.wait_running(ns, "web")
+    claim = real_cluster.pod_claim(ns, "web")
+    entry = assert_entry_is_the_pods(real_cluster, ns, "web", claim)
+    sandbox_id = real_cluster.sandbox(ns, "web")["id"]
+    assert sandbox_id in json.dumps(entry.get("data") or {})  # the CNI result of this very sandbox
+
+
+def test_pod_with_a_shared_precreated_claim(real_cluster: RealCluster, ns: str) -> None:
+    real_cluster.claim(ns, "shared-net")
+    real_cluster.pod(ns, "user", claim="shared-net")
+    real_cluster.wait_running(ns, "user")
+    assert_entry_is_the_pods(real_cluster, ns, "user", "shared-net")
+
+
+def test_pod_deletion_runs_del_and_the_entry_goes(real_cluster: RealCluster, ns: str) -> None:
+    real_cluster.claim(ns, "kept-net")
+    real_cluster.pod(ns, "gone", claim="kept-net")
+    real_cluster.wait_running(ns, "gone")
+    sandbox_id = real_cluster.sandbox(ns, "gone")["id"]
+    assert_entry_is_the_pods(real_cluster, ns, "gone", "kept-net")
+    real_cluster.delete_pod(ns, "gone")
+    entry_gone(real_cluster, ns, "kept-net")
+    # The claim outlives the pod (it was not generated for it); the DEL for its sandbox really ran.
+    assert real_cluster.claim_yaml(ns, "kept-net")["metadata"]["name"] == "kept-net"
+    plugin_log = Path(real_cluster.values["NETCLAIM_PLUGIN_LOG"]).read_text()
+    assert any(sandbox_id in line and '"DEL"' in line for line in plugin_log.splitlines()), plugin_log[-2000:]
+
+
+@pytest.mark.parametrize("component", ["kubelet", "containerd"])
+def test_restart_keeps_live_entries_and_drops_dead_ones(real_cluster: RealCluster, ns: str, component: str) -> None:
+    real_cluster.claim(ns, "live-net")
+    real_cluster.claim(ns, "dead-net")
+    real_cluster.pod(ns, "live", claim="live-net")
+    real_cluster.pod(ns, "dead", claim="dead-net")
+    real_cluster.wait_running(ns, "live", "dead")
+    live = assert_entry_is_the_pods(real_cluster, ns, "live", "live-net")
+    assert_entry_is_the_pods(real_cluster, ns, "dead", "dead-net")
+
+    # While the component is down, the dead pod is removed from the API: only the
+    # restarted node can tear its sandbox down (kubelet's orphan cleanup / its retry).
+    real_cluster.sh(f"{component}-stop")
+    try:
+        real_cluster.kubectl("delete", "pod", "dead", "-n", ns, "--grace-period=0", "--force", "--wait=false")
+    finally:
+        real_cluster.sh(f"{component}-start")
+    entry_gone(real_cluster, ns, "dead-net")
+    real_cluster.wait_running(ns, "live")
+    after = visible_entry(real_cluster, ns, "live-net", live["networkData"]["ips"])
+    assert after["networkData"] == live["networkData"]
+    assert real_cluster.interface(ns, "live").cidrs == live["networkData"]["ips"]
+
+
+def test_pod_without_a_netclaim_device_runs_and_nothing_is_written(real_cluster: RealCluster, ns: str,
+                                                                   other_driver: str) -> None:
+    real_cluster.claim(ns, "gpu", device_class=other_driver)
+    real_cluster.pod(ns, "plain", claim="gpu")
+    real_cluster.wait_running(ns, "plain")
+    claim = real_cluster.claim_yaml(ns, "gpu")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["driver"] == other_driver
+    # The chain ran (the pod has its address) and the publisher answered it: still nothing written.
+    assert real_cluster.interface(ns, "plain").cidrs
+    assert (claim.get("status") or {}).get("devices") in (None, [])
+
+
+def test_publisher_down_during_pod_churn_converges_when_it_returns(real_cluster: RealCluster, ns: str) -> None:
+    real_cluster.claim_template(ns)
+    real_cluster.claim(ns, "left-net")
+    real_cluster.pod(ns, "left", claim="left-net")
+    real_cluster.wait_running(ns, "left")
+    assert_entry_is_the_pods(real_cluster, ns, "left", "left-net")
+    real_cluster.sh("publisher-stop")
+    try:
+        for name in ("churn-a", "churn-b"):
+            real_cluster.pod(ns, name, template="net")
+        real_cluster.wait_running(ns, "churn-a", "churn-b")  # pods never wait for netclaim
+        real_cluster.delete_pod(ns, "left")  # its DEL is spooled too
+    finally:
+        real_cluster.sh("publisher-start")
+    for name in ("churn-a", "churn-b"):
+        assert_entry_is_the_pods(real_cluster, ns, name, real_cluster.pod_claim(ns, name))
+    entry_gone(real_cluster, ns, "left-net")
+
+
+def test_status_polling_without_the_publisher_keeps_the_node_ready(real_cluster: RealCluster, ns: str) -> None:
+    conflist = json.loads(Path(real_cluster.values["NETCLAIM_CONFLIST"]).read_text())
+    assert conflist["cniVersion"] == "1.1.0"  # containerd 2.x runs STATUS only from CNI 1.1.0 on
+    assert conflist["plugins"][-1]["type"] == "netclaim"
+    real_cluster.sh("publisher-stop")
+    try:
+        # The runtime's STATUS through the whole chain, netclaim included, while the publisher is absent.
+        info = json.loads(real_cluster.crictl("info", "-o", "json"))
+        conditions = {c["type"]: c["status"] for c in info["status"]["conditions"]}
+        assert (conditions["RuntimeReady"], conditions["NetworkReady"]) == (True, True), info["status"]
+        # The kubelet polls the same status (every 5 s): after two of its polls the node still says Ready.
+        before = runtime_status_calls(real_cluster)
+        wait_until(lambda: runtime_status_calls(real_cluster) >= before + 2, "two kubelet runtime status polls",
+                   timeout=60)
+        cond = node_ready(real_cluster)
+        assert cond["status"] == "True", cond
+        real_cluster.claim_template(ns)
+        real_cluster.pod(ns, "meanwhile", template="net")
+        real_cluster.wait_running(ns, "meanwhile")
+    finally:
+        real_cluster.sh("publisher-start")
+    assert_entry_is_the_pods(real_cluster, ns, "meanwhile", real_cluster.pod_claim(ns, "meanwhile"))
+
+
+def node_ready(cluster: RealCluster) -> dict:
+    node = cluster.get("node", cluster.node)
+    return next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+
+
+def runtime_status_calls(cluster: RealCluster) -> float:
+    """How many CRI Status calls the kubelet has made (its own counter)."""
+    total = 0.0
+    for line in cluster.kubelet_metrics().splitlines():
+        if line.startswith("kubelet_runtime_operations_total{") and 'operation_type="status"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture(scope="module")
+def other_driver(real_cluster: RealCluster) -> str:
+    """A second real DRA driver (the same test driver under another name): not netclaim's."""
+    name = "gpu.example.com"
+    v = real_cluster.values
+    kubeconfig = str(Path(v["NETCLAIM_CP_DIR"]) / f"{real_cluster.node}.kubeconfig")
+    (Path(v["NETCLAIM_KUBELET_ROOT"]) / "plugins" / name).mkdir(parents=True, exist_ok=True)
+    log = open(Path(real_cluster.dir) / "other-driver.log", "ab")
+    proc = subprocess.Popen(
+        [v["NETCLAIM_DRA_DRIVER"], "--kubeconfig", kubeconfig, "--drivername", name, "-v=2", "kubelet-plugin",
+         "--node-name", real_cluster.node, "--plugin-registration-path", f"{v['NETCLAIM_KUBELET_ROOT']}/plugins_registry",
+         "--datadir", f"{v['NETCLAIM_KUBELET_ROOT']}/plugins", "--cdi-dir", v["NETCLAIM_CDI_DIR"], "--num-devices", "2"],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        real_cluster.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+                            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{name}"'}}]}})
+        wait_until(lambda: name in real_cluster.kubectl("get", "resourceslices", "-o",
+                                                        "jsonpath={.items[*].spec.driver}"),
+                   f"{name}'s ResourceSlice", timeout=60)
+        yield name
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
