@@ -109,7 +109,20 @@ resolve_bundle() {
     local answer
     answer="$(printf '{}' | env -i CNI_COMMAND=VERSION "$BUNDLE" 2>/dev/null)" || true
     [[ "$answer" == *'"supportedVersions"'* ]] || die "$BUNDLE does not answer VERSION as a CNI plugin"
+    local why
+    why="$("$(editor_python)" -I -S -c "$STATIC_CHECK" "$BUNDLE")" || die "$BUNDLE is not a static executable: $why"
 }
+
+# A script needs an interpreter and a dynamic ELF a loader and libraries from
+# the node: only an ELF without a program interpreter (PT_INTERP) runs anywhere.
+STATIC_CHECK='import struct, sys
+data = open(sys.argv[1], "rb").read(1 << 16)
+if data[:4] != b"\x7fELF" or data[4] != 2:
+    print("not a 64-bit ELF executable (a script?)"); sys.exit(1)
+phoff, = struct.unpack_from("<Q", data, 32)
+entsize, count = struct.unpack_from("<HH", data, 54)
+if any(struct.unpack_from("<I", data, phoff + i * entsize)[0] == 3 for i in range(count)):
+    print("dynamically linked (it has a program interpreter)"); sys.exit(1)'
 
 # The plugin config fields, as conflist_edit.py --set pairs (empty ones are dropped).
 entry_args() {

@@ -204,6 +204,12 @@ def test_missing_required_arguments_are_errors(tmp_root: Path) -> None:
     assert missing_bundle.returncode != 0 and "not found" in missing_bundle.stderr
     not_a_plugin = run_install(*install_args(tmp_root, conflist, "--bundle", shutil.which("true")), check=False)
     assert not_a_plugin.returncode != 0 and "does not answer VERSION" in not_a_plugin.stderr
+    # A plugin that would need the node's Python (the source-tree launcher) is refused.
+    from cni_plugin.launcher import install as write_launcher
+
+    launcher = write_launcher(str(tmp_root / "launcher"), python="/usr/bin/python3", root=str(REPO))
+    script = run_install(*install_args(tmp_root, conflist, "--bundle", launcher), check=False)
+    assert script.returncode != 0 and "not a static executable" in script.stderr, script.stderr
     assert json.loads(conflist.read_text()) == BASE
     assert not (tmp_root / "bin").exists()
 
