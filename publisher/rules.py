@@ -94,7 +94,7 @@ class Rules:
         current = self.journal.attachment(ev.container_id, ev.ifname)
         if self._stale(p, current):
             return
-        if current is not None and ev.op == "ADD" and current.result_hash == result_hash(ev):
+        if current is not None and ev.op == "ADD" and current.result_hash == result_hash(ev) and _ready(current):
             # The same ADD again (runtime retry): nothing to write, no API request.
             current.stamp = ev.order
             self.journal.finish(p.seq, "done", "same ADD again", upsert=[current])
@@ -272,6 +272,11 @@ class Rules:
         if p.attempts in (0, 1, 3) or p.attempts % 10 == 0:
             self.log.info("event not resolvable yet, retrying", extra={
                 "error": error, "retry_in": round(delay, 3), "attempt": p.attempts + 1, **event_fields(p.event)})
+
+
+def _ready(att: Attachment) -> bool:
+    """Whether the attachment's entry says Ready=True (an ADD after a drifted CHECK must reset it)."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in att.entry.get("conditions") or [])
 
 
 def _target_pod_uid(target: Target, ev: Event) -> str:

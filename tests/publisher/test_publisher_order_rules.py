@@ -1,0 +1,74 @@
+"""The ordering rules of issue 9 on a real journal file: stamps, tombstones, GC fences, bounds."""
+
+from __future__ import annotations
+
+import time
+
+from cni_plugin.wire import Event, PodRef, legacy_order, new_order, order_before
+from publisher.journal import Attachment, Journal
+from publisher.rules import gc_victims, stale_reason
+from publisher_testkit import cni_result, wire_event
+
+POD = PodRef("ns", "pod", "uid")
+
+
+def att(cid: str, stamp: list, network: str = "testnet") -> Attachment:
+    return Attachment(container_id=cid, ifname="eth0", driver="net.example.com", network=network,
+                      pod_namespace="ns", pod_name="pod", pod_uid="uid", claim_namespace="ns", claim_name="c",
+                      claim_uid="cu", pool="p", device="d", share_id="", entry={}, result_hash="h",
+                      event_ts=0.0, stamp=stamp)
+
+
+def test_same_boot_orders_by_boottime_even_when_the_wall_clock_steps_back():
+    a = ["boot-1", 100, 2_000]
+    b = ["boot-1", 200, 1_000]  # the wall clock was stepped back between a and b
+    assert order_before(a, b) and not order_before(b, a)
+
+
+def test_across_boots_the_wall_clock_orders():
+    before_reboot = ["boot-1", 9_000_000, 1_000]
+    after_reboot = ["boot-2", 5, 2_000]  # CLOCK_BOOTTIME restarted
+    assert order_before(before_reboot, after_reboot)
+
+
+def test_stamp_is_the_same_on_both_channels_and_old_events_still_load():
+    ev = wire_event("ADD", "c1", POD, cni_result())
+    assert Event.from_dict(ev.to_dict()).order == ev.order  # socket frame and spool file hold to_dict()
+    old = ev.to_dict()
+    del old["order"]  # written by a plugin before stamps existed
+    assert Event.from_dict(old).order == legacy_order(ev.timestamp)
+    assert order_before(Event.from_dict(old).order, new_order())
+
+
+def test_tombstone_beats_every_older_add_and_gc_fence_every_older_unlisted_add(workdir):
+    j = Journal(str(workdir / "state"))
+    add = wire_event("ADD", "c1", POD, cni_result())
+    dele = wire_event("DEL", "c1", POD)
+    j.finish(None, tombstone=(dele.attachment, dele.order))
+    assert stale_reason(j, add, None) == "a later DEL removed this attachment"
+    readd = wire_event("ADD", "c1", POD, cni_result())  # the same attachment added again afterwards
+    assert stale_reason(j, readd, None) == ""
+    early = wire_event("ADD", "c2", POD, cni_result())
+    listed = wire_event("ADD", "c3", POD, cni_result())
+    gc = wire_event("GC", "*", None, ifname="*", valid_attachments=[{"containerID": "c3", "ifname": "eth0"}])
+    late = wire_event("ADD", "c4", POD, cni_result())
+    j.finish(None, fence=(gc.driver, gc.network, gc.order, gc.valid_attachments))
+    assert stale_reason(j, early, None) == "a later GC did not list this attachment"
+    assert stale_reason(j, listed, None) == "" and stale_reason(j, late, None) == ""
+    victims = gc_victims([att("c2", early.order), att("c3", listed.order), att("c4", late.order),
+                          att("c5", early.order, network="other")], gc)
+    assert [a.container_id for a in victims] == ["c2"]
+    j.close()
+
+
+def test_marks_are_kept_while_something_older_can_arrive(workdir):
+    j = Journal(str(workdir / "state"))
+    dele = wire_event("DEL", "c1", POD)
+    j.finish(None, tombstone=(dele.attachment, dele.order))
+    j.append(wire_event("ADD", "c9", POD, cni_result()))  # still pending
+    assert j.prune_order_marks(time.time() + 1) == 0 and j.order_marks() == (1, 0)
+    [p] = j.ready(0, 1, time.time())
+    j.finish(p.seq)
+    assert j.prune_order_marks(time.time() - 3600) == 0  # recorded after the cutoff: kept
+    assert j.prune_order_marks(time.time() + 1) == 1 and j.order_marks() == (0, 0)
+    j.close()
