@@ -263,14 +263,20 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     if daemonset and not namespace:
         raise click.UsageError("--daemonset needs --namespace")
 
-    def decide() -> str:
+    # The client is made now, not on SIGTERM: importing it takes seconds on a
+    # busy node, and the decision must fit in the pod's grace period.
+    kube = None
+    if daemonset and not once:
         from .kube import Kube
 
         try:
             kube = Kube(api_client_for(kubeconfig, 1))
         except click.ClickException as exc:
-            logs.get().warning("cannot ask for the DaemonSet; keeping the node chained",
+            logs.get().warning("no API client; on SIGTERM the node stays chained",
                                extra={"error": exc.format_message()})
+
+    def decide() -> str:
+        if kube is None:
             return "unknown"
         return chainkeeper.owner_state(lambda: kube.get_daemonset(namespace, daemonset))
 

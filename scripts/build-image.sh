@@ -85,6 +85,12 @@ app_layer() {
     chroot "$rootfs" /opt/netclaim/venv/bin/python "/tmp/wheels/$pip/pip" install --quiet --no-index \
         --disable-pip-version-check --no-warn-script-location --find-links /tmp/wheels netclaim >&2
     rm -rf "$rootfs/tmp/wheels"
+    # The asyncio twin of the Kubernetes client (kubernetes/aio: ~68 MB with its
+    # bytecode) is never imported by the publisher; the check below proves it.
+    rm -rf "$rootfs"/opt/netclaim/venv/lib/python3.*/site-packages/kubernetes/aio
+    chroot "$rootfs" /opt/netclaim/venv/bin/python -c \
+        'import publisher.cli, publisher.kube, publisher.chainkeeper, kubernetes.client, kubernetes.config' \
+        || die "the venv does not import"
     install -m 0755 "$PLUGIN" "$rootfs/opt/netclaim/bin/netclaim"
     # Nothing of the source tree: the venv holds the installed package only.
     [[ ! -e "$rootfs/src" ]] || die "a source tree in the image"
@@ -100,7 +106,12 @@ main() {
     trap 'rm -rf "$WORK"' EXIT
     work="$WORK"
     wheels "$work/wheels"
-    key="$( (sha256sum "$base" "$PLUGIN" "$work"/wheels/*.whl | cut -d' ' -f1; echo "$TAG") | sha256sum | cut -c1-16)"
+    # The key: base, plugin, dependency wheels, and netclaim's own sources (its
+    # freshly built wheel differs on every build by its timestamps).
+    key="$( (sha256sum "$base" "$PLUGIN" "$0" "$work"/wheels/*.whl | grep -v '/netclaim-[^/]*\.whl$' | cut -d' ' -f1
+             cd "$ROOT" && find setup.cfg pyproject.toml cni_plugin publisher \( -name '*.py' -o -name '*.cfg' \
+                 -o -name '*.toml' \) -print0 | sort -z | xargs -0 sha256sum
+             echo "$TAG") | sha256sum | cut -c1-16)"
     archive="$CACHE/netclaim-$TAG-$key.oci.tar"
     if [[ -f "$archive" ]]; then
         log "cached: $archive"

@@ -173,6 +173,11 @@ def test_cilium_style_exclusive_rewrite_is_rechained_into_the_new_primary(node: 
     # Cilium restarts and writes its file again, without netclaim.
     node.write("05-cilium.conflist", cilium)
     wait(lambda: node.chained("05-cilium.conflist"), "re-chaining after Cilium's rewrite", keeper, tmp_root)
+    # Cilium goes away (its file with it): the original is back and primary again, no stale backup.
+    os.rename(node.net_d / "10-calico.conflist.cilium_bak", node.net_d / "10-calico.conflist")
+    (node.net_d / "05-cilium.conflist").unlink()
+    wait(lambda: node.chained("10-calico.conflist") and not (node.net_d / "05-cilium.conflist.netclaim.bak").exists(),
+         "chaining back and dropping the backup of the removed conflist", keeper, tmp_root)
 
 
 def test_sigterm_without_uninstall_keeps_the_node_chained(node: Node, keeper) -> None:

@@ -11,7 +11,7 @@ tag keeps every status and the journal; helm uninstall leaves the node as it
 was before the install, byte for byte.
 
 NETCLAIM_DEPLOY_CLUSTER_DIR picks the cluster dir (default /tmp/nc-cl-deploy);
-a cluster already up there is reused and left up.
+NETCLAIM_CLUSTER_KEEP=1 leaves it up.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from chartlib import CHART, helm
 from deploylib import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
-from runtime.realcluster import ClusterError, RealCluster, cluster_sh, entries_of, ready_status, wait_until  # noqa: E402
+from runtime.realcluster import ClusterError, RealCluster, entries_of, ready_status, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.containerd
 
@@ -45,20 +45,16 @@ NAMESPACE = "netclaim-system"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RealCluster]:
+    """This test's own cluster dir (`up` is a no-op when it is already up); down unless NETCLAIM_CLUSTER_KEEP."""
     if os.geteuid() != 0:
         pytest.fail("the real cluster needs root", pytrace=False)
     directory = os.environ.get("NETCLAIM_DEPLOY_CLUSTER_DIR", "/tmp/nc-cl-deploy")
-    env = {**os.environ, "NETCLAIM_CLUSTER_DIR": directory}
     try:
-        reused = "kubelet: running" in cluster_sh("status", env=env)
-    except ClusterError:
-        reused = False
-    try:
-        real = RealCluster.up(directory, env)
+        real = RealCluster.up(directory, {**os.environ, "NETCLAIM_CLUSTER_DIR": directory})
     except ClusterError as exc:
         pytest.fail(f"the real cluster could not start: {exc}", pytrace=False)
     yield real
-    if not reused and not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
+    if not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
         real.down()
 
 
@@ -180,8 +176,8 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
         wait_until(lambda: files.chained(files.conflist), "chaining back into the original conflist")
 
         # Upgrade to a new image tag: statuses and the journal survive.
-        journal = sorted(p.name for p in (files.state / "publisher").iterdir())
-        assert journal, "the publisher's journal is on the node"
+        journal = files.state / "publisher" / "journal.db"
+        inode = journal.stat().st_ino  # the publisher's journal on the node
         helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *helm_values(files, cluster, NEXT, port),
              "--wait", "--timeout", "300s", kubeconfig=kubeconfig, timeout=400)
         new = wait_until(lambda: (lambda p: p if p and p["metadata"]["uid"] != first_uid
@@ -189,7 +185,7 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
                          "the upgraded pod", timeout=180)
         assert {c["image"].rsplit(":", 1)[1] for c in new["spec"]["containers"]} == {NEXT}
         assert files.chained(files.conflist) and (files.bin / "netclaim").is_file()
-        assert sorted(p.name for p in (files.state / "publisher").iterdir()) == journal
+        assert journal.stat().st_ino == inode  # the same journal, replayed by the new publisher
         for name in ("a", "b", "c"):
             assert entries_of(cluster.claim_yaml(ns, f"{name}-net"), cluster.driver), name
         assert pod_gets_status(cluster, ns, "d")["networkData"]["ips"]
