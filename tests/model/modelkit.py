@@ -177,7 +177,8 @@ class PublisherProc:
         cmd = [str(BIN / "netclaim-publisher"), "run", "--node-name", NODE, "--kubeconfig", self.kubeconfig,
                "--socket", self.socket, "--state-dir", str(self.workdir / "state"), "--spool-dir", self.spool,
                "--metrics-address", f"127.0.0.1:{self.port}", "--resync-interval", str(RESYNC_INTERVAL),
-               "--retry-max-delay", "1", "--workers", "2", "--no-emit-events", "--log-level", "info"]
+               "--retry-max-delay", "1", "--workers", "2", "--no-emit-events", "--log-level", "info",
+               *spool_interval_flag()]
         log = open(self.workdir / "publisher.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
         log.close()
@@ -249,6 +250,17 @@ class PublisherProc:
             return sorted(n for n in os.listdir(self.spool) if n.endswith(".event.json"))
         except FileNotFoundError:
             return []
+
+
+_SPOOL_FLAG: list[list[str]] = []
+
+
+def spool_interval_flag() -> list[str]:
+    """`--spool-interval 0.2` when this publisher has the flag (it reads the spool every 5 s by default)."""
+    if not _SPOOL_FLAG:
+        out = run(str(BIN / "netclaim-publisher"), "run", "--help", check=False)
+        _SPOOL_FLAG.append(["--spool-interval", "0.2"] if "--spool-interval" in out.stdout else [])
+    return _SPOOL_FLAG[0]
 
 
 # ---------------------------------------------------------------- credentials

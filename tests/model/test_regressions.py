@@ -93,6 +93,22 @@ def test_check_drift_then_new_sandbox_of_the_same_pod(harness: Harness) -> None:
                      ("new_sandbox", {"slot": 0}), ("add", {"pick": 3, "channel": "socket"})])
 
 
+def test_an_add_before_its_claim_is_reserved_is_published_once_it_is(harness: Harness) -> None:
+    """Informer lag / scheduler order: p2's ADD arrives before ca is reserved for p2."""
+    replay(harness, [begin(), ("new_sandbox", {"slot": 2}), ("add", {"pick": 4, "channel": "socket"}),
+                     ("allocate", {"claim": "ca", "slot": 2, "device": "dev1", "node": NODE})])
+
+
+def test_reallocation_to_the_same_pod_on_another_device_republishes(harness: Harness) -> None:
+    """F3, minimised from seq2: p1's net1 is live and published on cb/dev0; cb is deallocated and
+    (after the publisher has seen that) allocated again to p1 with dev1: the live attachment must
+    show on dev1. Reallocated at once (no step between) it passes: the publisher never saw the gap."""
+    replay(harness, [("begin", {"first": "socket"}),
+                     ("allocate", {"claim": "cb", "slot": None, "device": "dev0", "node": NODE}),
+                     ("kill_publisher", {}),  # any step in between: the publisher has seen the deallocation
+                     ("allocate", {"claim": "cb", "slot": 1, "device": "dev1", "node": NODE})])
+
+
 # ---------------------------------------------------------------- sequences the model test failed on
 
 def steps_from_hypothesis(text: str) -> Steps:
@@ -133,6 +149,30 @@ FOUND: dict[str, str] = {
         state.cni(channel='socket', pick=2, verb='GC')
         state.cni(channel='spool', pick=1, verb='CHECK')
         state.cni(channel='socket', pick=7, verb='DEL')
+    """,
+    # F3: cb deallocated, later allocated again to the same pod p1 (dev1); p1's net1 (ADDed at begin)
+    # is live but never published on dev1: expected {"dev1": p1's net1}, observed {}.
+    "seq2_reallocated_claim_not_republished": """
+        state.begin(heavy=False, first='socket')
+        state.disturb(claim='ca', device='dev1', kind='delete_pod', node='node-a', slot=2)
+        state.disturb(claim='cb', device='dev1', kind='allocate', node='node-a', slot=None)
+        state.disturb(claim='ca', device='dev0', kind='allocate', node='node-a', slot=2)
+        state.disturb(claim='ca', device='dev0', kind='recreate_pod', node='node-b', slot=0)
+        state.disturb(claim='ca', device='dev1', kind='delete_pod', node='node-a', slot=None)
+        state.disturb(claim='cb', device='dev1', kind='allocate', node='node-a', slot=0)
+        state.disturb(claim='ca', device='dev1', kind='rotate_token', node='node-a', slot=1)
+        state.disturb(claim='cb', device='dev1', kind='kill_publisher', node='node-a', slot=None)
+        state.disturb(claim='ca', device='dev0', kind='cut_api', node='node-b', slot=1)
+        state.disturb(claim='ca', device='dev0', kind='delete_pod', node='node-a', slot=None)
+        state.disturb(claim='ca', device='dev0', kind='restore_api', node='node-b', slot=0)
+        state.disturb(claim='ca', device='dev1', kind='restore_api', node='node-a', slot=2)
+        state.disturb(claim='ca', device='dev1', kind='stop_apiserver', node='node-a', slot=None)
+        state.disturb(claim='cb', device='dev1', kind='start_publisher', node='node-b', slot=None)
+        state.disturb(claim='cb', device='dev0', kind='recreate_pod', node='node-a', slot=1)
+        state.disturb(claim='ca', device='dev0', kind='start_publisher', node='node-a', slot=0)
+        state.disturb(claim='cb', device='dev1', kind='rotate_token', node='node-a', slot=None)
+        state.disturb(claim='ca', device='dev1', kind='allocate', node='node-a', slot=1)
+        state.disturb(claim='ca', device='dev0', kind='recreate_pod', node='node-a', slot=None)
     """,
 }
 
