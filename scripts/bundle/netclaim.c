@@ -13,6 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "frozen.h"
@@ -46,7 +47,7 @@ flush_std_file(const char *name)
     }
     result = PyObject_CallMethod(file, "flush", NULL);
     if (result == NULL) {
-        if (name[3] == 'o') { /* stdout: reported, as python does; stderr: silent */
+        if (strcmp(name, "stdout") == 0) { /* reported, as python does; stderr fails silently */
             PyErr_WriteUnraisable(file);
         }
         PyErr_Clear();
