@@ -1,0 +1,214 @@
+"""cluster: pod start-up on a real node (create -> Ready), netclaim in the chain vs. the same chain without it.
+
+One real single-node cluster (scripts/cluster.sh: kubelet, containerd 2.x,
+scheduler, controller-manager, DRA test driver). Every sample is one Pod with
+a ResourceClaimTemplate - claim generation, scheduling, allocation, DRA
+prepare, RunPodSandbox with the CNI chain, container start - measured two
+ways: from the client's create to a watch seeing the pod Ready, and the
+kubelet's own pod start duration (kubelet_pod_start_duration_seconds: from the
+kubelet first seeing the pod to it running; each pod adds exactly one
+observation, so the histogram's sum delta is that pod's value). The kubelet's
+pod start SLI histogram (kubelet_pod_start_sli_duration_seconds) stays empty
+for these DRA pods on 1.37.2 (its tracker leaves them out), so only its count
+is reported. The node's conflist is switched between the primary chain and
+the same chain with netclaim appended (as scripts/install.sh wrote it) before
+each sample, in ABBA order, so noise hits both alike. The figure is the ratio
+of the medians (target <= 1.05). The netclaim samples also give ADD-to-visible
+in the real cluster: netclaim's first log line for the sandbox to a watch on
+the claim seeing the Ready entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kubernetes import client, watch  # noqa: E402
+
+from runtime.controlplane import api_client  # noqa: E402
+from runtime.observe import ClaimWatcher, plugin_add_time  # noqa: E402
+from runtime.realcluster import RealCluster, pod_manifest, wait_until  # noqa: E402
+
+from .stats import percentile
+
+TARGET_RATIO = 1.05
+SLI = "kubelet_pod_start_duration_seconds"
+SLI_PROPER = "kubelet_pod_start_sli_duration_seconds"
+NAMESPACE = "bench"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=12, help="measured rounds (one pod per chain each)")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first")
+    parser.add_argument("--dir", default=os.environ.get("NETCLAIM_BENCH_CLUSTER_DIR", "/tmp/nc-clbench"),
+                        help="the cluster's directory (scripts/cluster.sh)")
+
+
+def _progress(text: str) -> None:
+    print(f"[bench cluster] {text}", file=sys.stderr, flush=True)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 1), "p90": round(percentile(values, 0.9), 1),
+            "min": round(min(values), 1), "max": round(max(values), 1), "n": len(values)}
+
+
+def sli_sum(metrics: str, name: str = SLI) -> tuple[float, float]:
+    """(sum, count) of one of the kubelet's pod start histograms."""
+    total = count = 0.0
+    for line in metrics.splitlines():
+        m = re.match(rf"^{name}_(sum|count)(?:{{[^}}]*}})? ([0-9.eE+-]+)$", line)
+        if m:
+            if m.group(1) == "sum":
+                total += float(m.group(2))
+            else:
+                count += float(m.group(2))
+    return total, count
+
+
+class ReadyWatch:
+    """Wall time at which a watch first sees each pod of the namespace Ready."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+        self.seen: dict[str, float] = {}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._watch = watch.Watch()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self._watch.stream(self.core.list_namespaced_pod, NAMESPACE, timeout_seconds=60):
+                    pod = event["object"]
+                    conds = pod.status.conditions or [] if pod.status else []
+                    if any(c.type == "Ready" and c.status == "True" for c in conds):
+                        with self._cond:
+                            self.seen.setdefault(pod.metadata.name, time.time())
+                            self._cond.notify_all()
+            except Exception:  # noqa: BLE001 - re-watch; waits time out if it never recovers
+                time.sleep(0.2)
+
+    def wait(self, name: str, timeout: float = 120) -> float:
+        with self._cond:
+            if not self._cond.wait_for(lambda: name in self.seen, timeout):
+                raise TimeoutError(f"pod {name} not Ready within {timeout}s")
+            return self.seen[name]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watch.stop()
+
+
+class Chains:
+    """The node's conflist, switched between the two variants; waits until containerd loaded the new one."""
+
+    def __init__(self, cluster: RealCluster) -> None:
+        self.cluster = cluster
+        self.path = Path(cluster.values["NETCLAIM_CONFLIST"])
+        self.with_netclaim = self.path.read_text()
+        plain = json.loads(self.with_netclaim)
+        plain["plugins"] = [p for p in plain["plugins"] if p.get("type") != "netclaim"]
+        self.plain = json.dumps(plain, indent=2) + "\n"
+
+    def use(self, netclaim: bool) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(self.with_netclaim if netclaim else self.plain)
+        os.replace(tmp, self.path)
+        wait_until(lambda: ("netclaim" in self._loaded()) == netclaim, "containerd to load the conflist", 30, 0.05)
+
+    def _loaded(self) -> list[str]:
+        info = json.loads(self.cluster.crictl("info", "-o", "json"))
+        networks = (info.get("cniconfig") or {}).get("Networks") or []
+        return [p["Network"]["type"] for n in networks for p in (n.get("Config") or {}).get("Plugins") or []]
+
+
+class Rounds:
+    def __init__(self, cluster: RealCluster, ready: ReadyWatch, claims: ClaimWatcher, chains: Chains) -> None:
+        self.cluster, self.ready, self.claims, self.chains = cluster, ready, claims, chains
+        self.ms: dict[str, list[float]] = {"plain": [], "netclaim": []}
+        self.sli_ms: dict[str, list[float]] = {"plain": [], "netclaim": []}
+        self.add_to_visible_ms: list[float] = []
+        self.n = 0
+
+    def one(self, variant: str, measured: bool) -> None:
+        self.n += 1
+        name = f"p{self.n}-{variant}"
+        self.chains.use(variant == "netclaim")
+        before = sli_sum(self.cluster.kubelet_metrics())
+        t0 = time.time()
+        self.cluster.apply(pod_manifest(NAMESPACE, name, template="net"))
+        t_ready = self.ready.wait(name)
+        after = wait_until(lambda: (lambda s: s if s[1] > before[1] else None)(sli_sum(self.cluster.kubelet_metrics())),
+                           "the kubelet's pod start observation", 30)
+        if variant == "netclaim":
+            claim = self.cluster.pod_claim(NAMESPACE, name)
+            eth0 = self.cluster.interface(NAMESPACE, name)
+            visible = self.claims.wait(claim, eth0.cidrs)
+            t_add = plugin_add_time(self.cluster.values["NETCLAIM_PLUGIN_LOG"], self.cluster.sandbox(NAMESPACE, name)["id"])
+            if measured and t_add:
+                self.add_to_visible_ms.append((visible - t_add) * 1000)
+        if measured:
+            self.ms[variant].append((t_ready - t0) * 1000)
+            self.sli_ms[variant].append((after[0] - before[0]) * 1000 / (after[1] - before[1]))
+        self.cluster.delete_pod(NAMESPACE, name)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    _progress(f"bringing up the real cluster in {args.dir}")
+    t0 = time.time()
+    cluster = RealCluster.up(args.dir)
+    up_s = time.time() - t0
+    ready = claims = None
+    try:
+        cluster.sh("install-netclaim")
+        cluster.namespace(NAMESPACE)
+        cluster.claim_template(NAMESPACE, "net")
+        api = api_client(cluster.kubeconfig)
+        ready = ReadyWatch(api)
+        claims = ClaimWatcher(api, NAMESPACE, cluster.driver).start()
+        rounds = Rounds(cluster, ready, claims, Chains(cluster))
+        order = ("plain", "netclaim")
+        for i in range(args.warmup + args.rounds):
+            measured = i >= args.warmup
+            pair = order if i % 2 == 0 else order[::-1]  # ABBA
+            for variant in pair:
+                rounds.one(variant, measured)
+            if measured:
+                _progress(f"round {i - args.warmup + 1}/{args.rounds}: plain {rounds.ms['plain'][-1]:.0f} ms, "
+                          f"netclaim {rounds.ms['netclaim'][-1]:.0f} ms")
+        rounds.chains.use(True)
+        sli_count = sli_sum(cluster.kubelet_metrics(), SLI_PROPER)[1]
+    finally:
+        for watcher in (ready, claims):
+            if watcher is not None:
+                watcher.stop()
+        cluster.down()
+    plain, nc = rounds.ms["plain"], rounds.ms["netclaim"]
+    sli_plain, sli_nc = rounds.sli_ms["plain"], rounds.sli_ms["netclaim"]
+    ratio = statistics.median(nc) / statistics.median(plain)
+    sli_ratio = statistics.median(sli_nc) / statistics.median(sli_plain)
+    return {
+        "cluster_up_s": round(up_s, 1),
+        "pod_create_to_ready_ms": {"plain": _summary(plain), "netclaim": _summary(nc)},
+        "kubelet_pod_start_duration_ms": {"plain": _summary(sli_plain), "netclaim": _summary(sli_nc)},
+        "kubelet_pod_start_sli_observations": sli_count,
+        "ratio_create_to_ready_median": round(ratio, 3),
+        "ratio_kubelet_start_median": round(sli_ratio, 3),
+        "target_ratio": TARGET_RATIO,
+        "add_to_visible_ms": _summary(rounds.add_to_visible_ms) if rounds.add_to_visible_ms else {},
+        "samples": {"plain_ms": [round(v, 1) for v in plain], "netclaim_ms": [round(v, 1) for v in nc],
+                    "sli_plain_ms": [round(v, 1) for v in sli_plain], "sli_netclaim_ms": [round(v, 1) for v in sli_nc],
+                    "add_to_visible_ms": [round(v, 1) for v in rounds.add_to_visible_ms]},
+    }
