@@ -87,7 +87,8 @@ CREATE TABLE IF NOT EXISTS dirty (
 );
 """
 # Columns added after the first release: (table, column, declaration) for journals written before.
-MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),)
+MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),
+              ("attachments", "request", "TEXT NOT NULL DEFAULT ''"))
 
 
 @dataclass
@@ -118,6 +119,7 @@ class Attachment:
     event_ts: float
     updated: float = 0.0
     stamp: list = field(default_factory=list)  # wire order stamp of the event that wrote it
+    request: str = ""  # the plugin's configured request: the device is chosen again on reallocation
 
     @property
     def claim_key(self) -> str:

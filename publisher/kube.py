@@ -36,15 +36,21 @@ class ApiError(Exception):
 
 
 class TransientError(ApiError):
-    """429, 5xx, or no answer at all: the same request may succeed later."""
+    """429, 5xx, 401, 403, or no answer at all: the same request may succeed later."""
 
 
 class PermanentError(ApiError):
-    """403, 422, 409, 400...: repeating the request cannot help."""
+    """422, 409, 400...: repeating the request cannot help."""
 
 
 class NotFound(PermanentError):
     """404: the object is gone (or not yet created)."""
+
+
+class Forbidden(TransientError):
+    """403. Treated as transient: right after an API server (re)start its authorizer answers
+    403 until its RBAC caches have synced, and a fixed RBAC must not need a restart here.
+    Retried with backoff, shown in `status`; never a reason to drop an event."""
 
 
 class Unauthorized(TransientError):
@@ -70,6 +76,8 @@ def classify(code: int, message: str) -> ApiError:
         return NotFound(code, message)
     if code == 401:
         return Unauthorized(code, message)
+    if code == 403:
+        return Forbidden(code, message)
     if code == 429 or code >= 500 or code == 0:
         return TransientError(code, message)
     return PermanentError(code, message)
@@ -169,9 +177,11 @@ class Credentials:
                 digest.update(b"-")
         return digest.hexdigest()
 
-    def refreshed(self, force: bool = False) -> Any | None:
-        """A new client when the credentials changed (or `force`), else None."""
-        if not force and time.monotonic() - self.checked < limits.CREDENTIALS_RELOAD:
+    def refreshed(self, force: bool = False, now: bool = False) -> Any | None:
+        """A new client when the credentials changed (or `force`), else None.
+
+        Without `now` the files are looked at only every CREDENTIALS_RELOAD seconds."""
+        if not force and not now and time.monotonic() - self.checked < limits.CREDENTIALS_RELOAD:
             return None
         self.checked = time.monotonic()
         fp = self.current_fingerprint()
@@ -231,13 +241,13 @@ class Kube:
         elif code != 401:
             h.failing_since = 0.0
 
-    def _refresh_credentials(self, force: bool) -> bool:
+    def _refresh_credentials(self, force: bool = False, now: bool = False) -> bool:
         """Swap in a client built from the current credentials; True when one was built."""
         if self.credentials is None:
             return False
         with self._cred_lock:
             try:
-                fresh = self.credentials.refreshed(force)
+                fresh = self.credentials.refreshed(force, now)
             except Exception as exc:  # a half-written kubeconfig: keep the old client, try again later
                 self._health.last_error = f"credentials reload failed: {exc}"
                 return False
@@ -253,13 +263,16 @@ class Kube:
         A 401 re-reads the credentials and, if they changed, tries once more at
         once; otherwise it is raised as Unauthorized (transient: the caller backs off).
         """
-        self._refresh_credentials(force=False)
+        self._refresh_credentials()
         try:
             return self._request_once(verb, method, path, query, body, content_type, timeout)
         except Unauthorized:
             if not self._refresh_credentials(force=True):
                 raise
-            return self._request_once(verb, method, path, query, body, content_type, timeout)
+        except Forbidden:  # maybe a token of another identity, already rotated on disk
+            if not self._refresh_credentials(now=True):
+                raise
+        return self._request_once(verb, method, path, query, body, content_type, timeout)
 
     def _request_once(self, verb: str, method: str, path: str, query: list[tuple[str, str]] | None,
                       body: Any, content_type: str, timeout: Any) -> Any:

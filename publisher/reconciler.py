@@ -17,23 +17,27 @@ the claim has the UID it was resolved against, is allocated to this node,
 still lists the attachment's device in its allocation results, and reserves
 it for the attachment's pod UID; and the pod exists. A pod that is gone or a
 claim that was recreated drops the attachment from the journal for good; the
-other conditions only hide it (a later allocation may show it again).
+other conditions only hide it (a later allocation may show it again). When
+the claim is allocated again, to this node and for the same pod, but with
+other devices, the device is chosen again by the resolver's rule
+(publisher/resolver.py choose_device) and the attachment moves to it.
 Several live attachments on one device (a shared claim, or an older and a
 newer sandbox of a pod): the entry carries the latest one by order stamp.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cni_plugin.wire import Event, order_before
+from cni_plugin.wire import Event, PodRef, order_before
 
 from . import logs
 from .journal import Attachment, Journal
 from .kube import Kube, NotFound, PermanentError
 from .report import Reporter, event_fields
-from .resolver import allocated_node, device_key
+from .resolver import Unresolvable, allocated_node, choose_device, device_key
 from .writer import Writer, body_hash, sort_entries
 
 
@@ -45,6 +49,7 @@ class Desired:
     shown: list[Attachment] = field(default_factory=list)
     hidden: list[tuple[Attachment, str]] = field(default_factory=list)
     dropped: list[tuple[Attachment, str]] = field(default_factory=list)
+    moved: list[Attachment] = field(default_factory=list)  # re-chosen onto a newly allocated device
 
 
 def claim_facts(claim: dict[str, Any]) -> tuple[str, str | None, set[tuple[str, str, str, str]], set[str]]:
@@ -56,6 +61,9 @@ def claim_facts(claim: dict[str, Any]) -> tuple[str, str | None, set[tuple[str, 
     return (claim.get("metadata") or {}).get("uid", ""), node, {device_key(r) for r in results}, reserved
 
 
+DEVICE_GONE = "is no longer allocated"
+
+
 def hidden_reason(att: Attachment, node: str, facts: tuple[str, str | None, set, set]) -> str:
     """Why a journaled attachment is not shown on the live claim ('' when it is)."""
     _, alloc_node, devices, reserved = facts
@@ -63,11 +71,30 @@ def hidden_reason(att: Attachment, node: str, facts: tuple[str, str | None, set,
         return "claim is not allocated to a single node"
     if alloc_node != node:
         return f"claim is allocated to node {alloc_node!r}"
-    if att.device_key not in devices:
-        return f"device {att.pool}/{att.device} is no longer allocated"
     if att.pod_uid not in reserved:
         return f"claim is not reserved for pod {att.pod_namespace}/{att.pod_name}"
+    if att.device_key not in devices:
+        return f"device {att.pool}/{att.device} {DEVICE_GONE}"
     return ""
+
+
+def rechoose(att: Attachment, claim: dict[str, Any], bound: set[tuple[str, str, str, str]]) -> Attachment | None:
+    """The attachment on the device the resolver's rule picks in the claim as it is now, or None."""
+    ev = Event(op="ADD", container_id=att.container_id, ifname=att.ifname, driver=att.driver,
+               network=att.network, request=att.request, order=att.stamp,
+               pod=PodRef(att.pod_namespace, att.pod_name, att.pod_uid))
+    try:
+        result = choose_device(claim, ev, bound)
+    except Unresolvable:
+        return None
+    if result is None:
+        return None
+    share = result.get("shareID", "") or ""
+    entry = {**att.entry, "pool": result.get("pool", ""), "device": result.get("device", "")}
+    entry.pop("shareID", None)
+    if share:
+        entry["shareID"] = share
+    return dataclasses.replace(att, pool=entry["pool"], device=entry["device"], share_id=share, entry=entry)
 
 
 def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
@@ -76,14 +103,28 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
     facts = claim_facts(claim)
     out = Desired()
     latest: dict[tuple[str, str, str, str], Attachment] = {}
+    live: list[Attachment] = []
+    homeless: list[Attachment] = []
     for att in atts:
         if att.claim_uid and att.claim_uid != facts[0]:
             out.dropped.append((att, "claim was recreated (uid differs)"))
             continue
         why = hidden_reason(att, node, facts)
-        if why:
+        if why.endswith(DEVICE_GONE):
+            homeless.append(att)
+        elif why:
             out.hidden.append((att, why))
+        else:
+            live.append(att)
+    for att in homeless:  # reallocated with other devices: choose again, as for a new ADD
+        others = {a.device_key for a in live if (a.pod_namespace, a.pod_name) != (att.pod_namespace, att.pod_name)}
+        moved = rechoose(att, claim, others)
+        if moved is None:
+            out.hidden.append((att, f"device {att.pool}/{att.device} {DEVICE_GONE}"))
             continue
+        out.moved.append(moved)
+        live.append(moved)
+    for att in live:
         if not pod_alive(att):
             out.dropped.append((att, f"pod {att.pod_namespace}/{att.pod_name} is gone"))
             continue
@@ -159,7 +200,10 @@ class Reconciler:
         for att, why in desired.dropped:
             self.log.info("attachment dropped", extra={"reason": why, "claim": f"{ns}/{name}",
                                                        **logs.attachment_fields(None, "", *att.key)})
-        self.journal.finish(None, delete=[a.key for a, _ in desired.dropped])
+        dropped = {a.key for a, _ in desired.dropped}
+        moved = [a for a in desired.moved if a.key not in dropped]
+        if dropped or moved:
+            self.journal.finish(None, delete=sorted(dropped), upsert=moved)
         self.journal.clean(ns, name)
 
     def _gone(self, ns: str, name: str, message: str, trigger: Event | None) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from cni_plugin.wire import Event
 
-from .kube import Kube, NotFound, PermanentError
+from .kube import Forbidden, Kube, NotFound, PermanentError
 
 
 class NotYet(Exception):
@@ -268,7 +268,7 @@ class Resolver:
         out: dict[tuple[str, str], str] = {}
         try:
             slices = self.kube.list_resource_slices(self.node_name, driver).get("items") or []
-        except PermanentError:  # e.g. 403: RBAC without `list resourceslices`; decide without them
+        except (PermanentError, Forbidden):  # RBAC without `list resourceslices`: decide without them
             return out
         for sl in slices:
             spec = sl.get("spec") or {}

@@ -187,7 +187,7 @@ class Rules:
             pod_uid=pod.uid if pod and pod.uid else _target_pod_uid(target, ev), claim_namespace=target.claim_namespace,
             claim_name=target.claim_name, claim_uid=target.claim_uid, pool=target.pool, device=target.device,
             share_id=target.share_id, entry=entry, result_hash=result_hash(ev), event_ts=ev.timestamp,
-            stamp=ev.order)
+            stamp=ev.order, request=ev.request)
 
     def _shown_entry(self, target: Target, current: Attachment | None) -> dict[str, Any] | None:
         """The entry now published for the device (its Ready lastTransitionTime carries over)."""

@@ -145,6 +145,26 @@ def test_defect3_lost_del_does_not_block_the_next_pod(cluster: Cluster, publishe
     assert st["failed_events"] == []  # nothing refused as "taken"
 
 
+def test_model_f3_reallocation_to_the_same_pod_on_another_device_republishes(cluster: Cluster, publisher_factory,
+                                                                              workdir):
+    """Model finding F3: the sandbox is still live (no DEL, no GC); when its claim is
+    allocated again for its pod, on another device, the entry appears on that device."""
+    publisher = publisher_factory(extra=FAST)
+    plugin = Plugin(publisher.socket, publisher.spool, workdir)
+    claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
+    cid = "c" + suffix()
+    add(plugin, cid, PodRef(cluster.namespace, "web", uid))
+    cluster.wait_devices(claim, lambda d: len(d) == 1)
+    cluster.resource.patch_namespaced_resource_claim_status(
+        claim, cluster.namespace, {"status": {"reservedFor": None, "allocation": None}}, _content_type=MERGE)
+    resynced(publisher)  # the publisher has seen the claim deallocated
+    publisher.kill()
+    publisher.start()
+    cluster.allocate(claim, [("nic", "nic1")], "web", uid)
+    devices = cluster.wait_devices(claim, lambda d: len(d) == 1 and d[0]["device"] == "nic1")
+    assert by_container(devices) == {cid} and devices[0]["conditions"][0]["status"] == "True"
+
+
 def test_defect3_unreserved_pod_is_removed_by_resync(cluster: Cluster, publisher_factory, workdir):
     publisher = publisher_factory(extra=FAST)
     plugin = Plugin(publisher.socket, publisher.spool, workdir)
@@ -159,10 +179,8 @@ def test_defect3_unreserved_pod_is_removed_by_resync(cluster: Cluster, publisher
 # ---------------------------------------------------------------- defect 4: rotating credentials
 
 
-def test_defect4_expired_token_drops_nothing_and_a_rotated_one_is_used(cluster: Cluster, control_plane,
-                                                                       publisher_factory, workdir):
-    token_file = workdir / "token"
-    token_file.write_text("expired-token\n")
+def token_file_kubeconfig(control_plane, workdir, token_file) -> str:
+    """A kubeconfig whose user reads its token from `token_file` (as a cron-renewed install has)."""
     kubeconfig = workdir / "rotating.kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
@@ -170,13 +188,25 @@ def test_defect4_expired_token_drops_nothing_and_a_rotated_one_is_used(cluster: 
         f"    certificate-authority: {control_plane.ca_file}\n"
         "contexts:\n- name: c\n  context: {cluster: k, user: u}\n"
         f"users:\n- name: u\n  user:\n    tokenFile: {token_file}\n")
+    return str(kubeconfig)
+
+
+def start_unready(publisher: Publisher) -> None:
+    publisher.start(wait=False)
+    deadline = time.time() + 30
+    while not os.path.exists(publisher.socket) and time.time() < deadline:
+        time.sleep(0.1)
+
+
+def test_defect4_expired_token_drops_nothing_and_a_rotated_one_is_used(cluster: Cluster, control_plane,
+                                                                       publisher_factory, workdir):
+    token_file = workdir / "token"
+    token_file.write_text("expired-token\n")
+    kubeconfig = token_file_kubeconfig(control_plane, workdir, token_file)
     publisher = Publisher(str(kubeconfig), workdir / "p", extra=FAST)
     (workdir / "p").mkdir()
-    publisher.start(wait=False)
+    start_unready(publisher)
     try:
-        deadline = time.time() + 30
-        while not os.path.exists(publisher.socket) and time.time() < deadline:
-            time.sleep(0.1)
         claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
         add(Plugin(publisher.socket, publisher.spool, workdir), "c" + suffix(), PodRef(cluster.namespace, "web", uid))
         deadline = time.time() + 30
@@ -192,6 +222,30 @@ def test_defect4_expired_token_drops_nothing_and_a_rotated_one_is_used(cluster: 
         cluster.wait_devices(claim, lambda d: len(d) == 1)
         st = drained(publisher)
         assert st["ready"] and st["credentials"]["reloads"] >= 1 and st["failed_events"] == []
+    finally:
+        publisher.kill()
+
+
+def test_model_f2_a_403_is_retried_never_dropped(cluster: Cluster, control_plane, workdir):
+    """Model finding F2: right after an API server restart its authorizer answers 403 until
+    RBAC has synced. Here the 403 comes from an identity that may not read the pod (another
+    node), then the token file is rotated to one that may."""
+    token_file = workdir / "token"
+    token_file.write_text(control_plane.token("system:node:node-b"))
+    (workdir / "p").mkdir()
+    publisher = Publisher(token_file_kubeconfig(control_plane, workdir, token_file), workdir / "p", extra=FAST)
+    start_unready(publisher)
+    try:
+        claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
+        add(Plugin(publisher.socket, publisher.spool, workdir), "c" + suffix(), PodRef(cluster.namespace, "web", uid))
+        deadline = time.time() + 30
+        while time.time() < deadline and "403" not in str(publisher.status()["last_error"]):
+            time.sleep(0.2)
+        st = publisher.status()
+        assert "403" in str(st["last_error"]) and st["failed_events"] == [] and st["journal_depth"] == 1
+        token_file.write_text(control_plane.token("admin"))
+        cluster.wait_devices(claim, lambda d: len(d) == 1)
+        assert drained(publisher)["failed_events"] == []
     finally:
         publisher.kill()
 
