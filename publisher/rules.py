@@ -8,7 +8,7 @@ give the same answer however late one of them is:
 |---|---|
 | ADD   | recorded (resolved to claim + device) unless a DEL, a GC fence or a newer event of the attachment is later than it |
 | DEL   | leaves a tombstone; removes the attachment if it is older than the DEL |
-| CHECK | updates the Ready condition (and result) of a known, older attachment; an unknown one with a result is an ADD |
+| CHECK | updates the Ready condition (and result) of a known, older attachment; an unknown one with a result is an ADD, unless a DEL removed it |
 | GC    | removes the driver/network's attachments older than the GC that it does not list; leaves a fence so a late ADD older than the GC is ignored |
 
 Each rule commits its change and marks the claims it touches dirty in one
@@ -131,9 +131,9 @@ class Rules:
         ev = p.event
         current = self.journal.attachment(ev.container_id, ev.ifname)
         if current is None:
-            if ev.result:
+            if ev.result and self.journal.tombstone(ev.container_id, ev.ifname) is None:
                 self.add(p)  # a CHECK that carries a result can publish an attachment we never saw
-            else:
+            else:  # ... but never one that a DEL removed
                 self.journal.finish(p.seq, "done", "CHECK of an unknown attachment")
             return
         if self._stale(p, current):

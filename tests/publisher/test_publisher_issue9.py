@@ -121,6 +121,18 @@ def test_defect2_del_retires_an_add_backing_off(cluster: Cluster, publisher, plu
     assert cluster.devices(claim) == []
 
 
+def test_defect2_check_after_del_does_not_bring_the_attachment_back(cluster: Cluster, publisher, plugin):
+    claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
+    pod, cid = PodRef(cluster.namespace, "web", uid), "c" + suffix()
+    add(plugin, cid, pod)
+    cluster.wait_devices(claim, lambda d: len(d) == 1)
+    assert plugin.run("DEL", cid, pod, None).returncode == 0
+    cluster.wait_devices(claim, lambda d: d == [])
+    send(publisher, wire_event("CHECK", cid, pod, cni_result()))  # stamped after the DEL
+    st = drained(publisher)
+    assert cluster.devices(claim) == [] and st["attachments"] == 0
+
+
 # ---------------------------------------------------------------- defect 3: stale attachments
 
 
