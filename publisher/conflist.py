@@ -122,10 +122,16 @@ def install(path: Path, entry: dict[str, Any]) -> str:
     backup = path.with_name(path.name + BACKUP_SUFFIX)
     mode = file_mode(path)
     new = render(with_entry(doc, entry))
-    if not backup.exists() or not any(is_netclaim(p) for p in doc["plugins"]):
+    chained = any(is_netclaim(p) for p in doc["plugins"])
+    if not chained:
         # No netclaim entry: these bytes are what the operator (or the primary
         # CNI, which may have just rewritten the file) wants back on uninstall.
         write_atomic(backup, raw, mode)
+    elif not backup.exists():
+        # Chained already but no backup (a file moved back into place): the
+        # best original there is, the file without the entry. Never a backup
+        # that still chains netclaim.
+        write_atomic(backup, render(without_entry(doc)), mode)
     if new == raw:
         return "unchanged"
     write_atomic(path, new, mode)

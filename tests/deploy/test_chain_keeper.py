@@ -178,6 +178,9 @@ def test_cilium_style_exclusive_rewrite_is_rechained_into_the_new_primary(node: 
     (node.net_d / "05-cilium.conflist").unlink()
     wait(lambda: node.chained("10-calico.conflist") and not (node.net_d / "05-cilium.conflist.netclaim.bak").exists(),
          "chaining back and dropping the backup of the removed conflist", keeper, tmp_root)
+    # The file came back chained: its backup is the file without the entry, never a chained one.
+    backup = json.loads((node.net_d / "10-calico.conflist.netclaim.bak").read_text())
+    assert backup == PRIMARY
 
 
 def test_sigterm_without_uninstall_keeps_the_node_chained(node: Node, keeper) -> None:

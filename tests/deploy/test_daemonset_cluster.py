@@ -195,14 +195,20 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
         for name in ("a", "b", "c", "d"):
             cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=true", "--timeout=120s", check=False,
                             timeout=180)
+        # The keeper's log, kept open: the kubelet deletes the file with the pod.
+        logs = sorted(Path(cluster.dir).glob(f"pod-logs/{NAMESPACE}_*/chain-keeper/*.log"),
+                      key=lambda p: p.stat().st_mtime)
+        keeper_log = logs[-1].open("rb") if logs else None
         helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "180s", kubeconfig=kubeconfig,
              check=False, timeout=240)
         wait_until(lambda: not daemonset_pod(cluster), "the DaemonSet's pod to be gone", timeout=180)
+        keeper_said = keeper_log.read().decode(errors="replace")[-3000:] if keeper_log else "(no log)"
+        print(keeper_said)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
     # Uninstall left the node as it was before the install.
     after = files.snapshot()
-    assert after["bin"] == before["bin"]
+    assert after["bin"] == before["bin"], keeper_said
     assert after["conf"].keys() == before["conf"].keys()
     assert after == before
     for d in (files.run, files.state):
