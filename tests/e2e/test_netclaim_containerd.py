@@ -65,6 +65,20 @@ def wait_for_log(publisher, since: int, match, timeout: float = 60.0) -> dict:
     raise AssertionError(f"publisher never logged the expected line; last lines:\n{publisher.log_tail()}")
 
 
+def wait_for_plugin_dels(log_file, container_id: str, count: int, timeout: float = 60.0) -> None:
+    """Wait until the plugin logged `count` DELs of this sandbox whose hand-off the publisher acked."""
+    deadline = time.monotonic() + timeout
+    acked: list[dict] = []
+    while time.monotonic() < deadline:
+        records = [json.loads(line) for line in log_file.read_text().splitlines() if line.startswith("{")]
+        acked = [r for r in records if r.get("command") == "DEL" and r.get("containerID") == container_id
+                 and r.get("handoff") == "acked"]
+        if len(acked) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"plugin logged {len(acked)} acked DELs of {container_id}, expected {count}")
+
+
 def explains_claim(record: dict) -> bool:
     text = " ".join(str(v) for k, v in record.items() if k not in ("pod", "ts", "level"))
     return "claim" in text.lower()
@@ -109,7 +123,8 @@ def test_stop_and_remove_sandbox_remove_the_entry_without_error(harness, netclai
     assert errors == []
 
 
-def test_recreated_sandbox_updates_the_entry_and_a_late_del_keeps_it(harness, netclaim_chain, cluster, publisher):
+def test_recreated_sandbox_updates_the_entry_and_a_late_del_keeps_it(harness, netclaim_chain, cluster, publisher,
+                                                                      node_dirs):
     pod = cluster.pod_with_claim("again")
     first = run_sandbox(harness, pod, attempt=0)
     first_eth0 = harness.interface_in_netns(first.netns, "eth0")
@@ -125,9 +140,9 @@ def test_recreated_sandbox_updates_the_entry_and_a_late_del_keeps_it(harness, ne
         (entry,) = ours(cluster, pod)(entries)
         assert entry["networkData"]["hardwareAddress"] == second_eth0.mac
 
-        since = len(publisher.log_records())
         harness.remove_pod(first.id)  # the old sandbox's last DEL arrives after the new ADD
-        wait_for_log(publisher, since, lambda r: r.get("containerID") == first.id)
+        # The publisher acknowledged it (a stale DEL changes nothing, so it may log nothing itself).
+        wait_for_plugin_dels(node_dirs.log_file, first.id, count=2)
         entries = cluster.device_entries(pod.claim)
         (entry,) = ours(cluster, pod)(entries)
         assert sorted(entry["networkData"]["ips"]) == sorted(second_eth0.cidrs)
