@@ -23,13 +23,11 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +38,9 @@ from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts" / "runtime"))
+sys.path.insert(0, str(REPO / "tests" / "publisher"))
 import identity  # noqa: E402  (scripts/runtime/identity.py: the shipped node identity)
+from publisher_testkit import Publisher  # noqa: E402  (tests/publisher: the publisher subprocess)
 
 BIN = Path(sys.executable).parent
 DRIVER = "net.example.com"
@@ -151,99 +151,45 @@ class Proxy:
 # ---------------------------------------------------------------- the publisher process
 
 
-@dataclass
-class PublisherProc:
-    """`netclaim-publisher run` with a kept state dir; SIGKILL and restart at will."""
+class PublisherProc(Publisher):
+    """`netclaim-publisher run` (the publisher tests' runner) with the model test's flags; its
+    state dir is kept across SIGKILLs. Starts without waiting for /readyz: it may be started
+    while the API is cut, and the model only needs its socket."""
 
-    workdir: Path
-    kubeconfig: str
-    proc: subprocess.Popen | None = None
-    port: int = 0
-
-    @property
-    def socket(self) -> str:
-        return str(self.workdir / "run" / "publisher.sock")
-
-    @property
-    def spool(self) -> str:
-        return str(self.workdir / "spool")
+    def __init__(self, workdir: Path, kubeconfig: str) -> None:
+        super().__init__(kubeconfig, workdir, node=NODE, extra=[
+            "--resync-interval", str(RESYNC_INTERVAL), "--retry-max-delay", "1", "--workers", "2",
+            "--no-emit-events", *spool_interval_flag()])
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self) -> None:
-        self.port = free_port()
-        cmd = [str(BIN / "netclaim-publisher"), "run", "--node-name", NODE, "--kubeconfig", self.kubeconfig,
-               "--socket", self.socket, "--state-dir", str(self.workdir / "state"), "--spool-dir", self.spool,
-               "--metrics-address", f"127.0.0.1:{self.port}", "--resync-interval", str(RESYNC_INTERVAL),
-               "--retry-max-delay", "1", "--workers", "2", "--no-emit-events", "--log-level", "info",
-               *spool_interval_flag()]
-        log = open(self.workdir / "publisher.log", "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
-        log.close()
+    def start(self, wait: bool = True) -> "PublisherProc":
+        super().start(wait=False)
         deadline = time.time() + 60
         while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"publisher exited {self.proc.returncode}: {self.log_tail()}")
-            if os.path.exists(self.socket) and self.metrics() is not None:
-                return
+            if not self.running:
+                raise AssertionError(f"publisher exited: {self.log_tail()}")
+            if os.path.exists(self.socket) and self.metric("netclaim_") is not None:
+                return self
             time.sleep(0.05)
         raise AssertionError(f"publisher did not come up: {self.log_tail()}")
 
-    def kill(self) -> None:
-        if self.running:
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.running:
-            assert self.proc is not None
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
     def log_tail(self, n: int = 4000) -> str:
-        try:
-            return (self.workdir / "publisher.log").read_text(errors="replace")[-n:]
-        except FileNotFoundError:
-            return ""
+        return self.logs()[-n:]
 
-    def metrics(self) -> dict[str, float] | None:
+    def metric(self, prefix: str) -> float | None:  # type: ignore[override]
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
-                text = r.read().decode()
+            return super().metric(prefix)
         except OSError:
             return None
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                try:
-                    out[name] = float(value)
-                except ValueError:
-                    pass
-        return out
 
-    def metric(self, prefix: str) -> float | None:
-        m = self.metrics()
-        return None if m is None else sum(v for k, v in m.items() if k.startswith(prefix))
-
-    def status(self) -> dict[str, Any] | None:
-        from cni_plugin.wire import encode_frame, read_frame
-
+    def status(self) -> dict[str, Any] | None:  # type: ignore[override]
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(5)
-                sock.connect(self.socket)
-                sock.sendall(encode_frame({"kind": "status"}))
-                reply = read_frame(sock)
-        except (OSError, EOFError, ValueError):
+            return super().status()
+        except (OSError, EOFError, ValueError, KeyError):
             return None
-        return reply.get("status") if reply.get("ok") else None
 
     def spooled(self) -> list[str]:
         try:

@@ -138,6 +138,7 @@ class Scenario:
         `channel` "lost" applies to DEL only (socket for the others); GC picks its network."""
         if channel == "lost" and verb != "DEL":
             channel = "socket"
+        self.h.steps[f"{verb} {channel}"] += 1
         if verb == "ADD" and self.addable():
             self.add(pick, channel)
         elif verb == "DEL" and self.deletable():
@@ -196,7 +197,12 @@ class Scenario:
         if known:
             known.ready = not drifted
 
+    def driftable(self) -> list[tuple[int, str]]:
+        return [a for a in self.deletable() if a not in self.drifted]
+
     def drift(self, pick: int) -> None:
+        """Take an address away in a live attachment's netns (a no-op if that one already drifted:
+        the pick is over all live attachments so that recorded sequences replay unchanged)."""
         i, ifname = self.deletable()[pick % len(self.deletable())]
         if (i, ifname) not in self.drifted:
             self.sandboxes[i].drift(ifname)
@@ -219,8 +225,12 @@ class Scenario:
 
     def disturb(self, kind: str, claim: str = "ca", slot: int | None = 0, device: str = "dev0",
                 node: str = NODE) -> None:
-        """One non-CNI step when it applies now (else nothing): publisher, network, API server,
-        credentials, scheduler, user. Expensive ones only in heavy sequences, at most once."""
+        if self._disturb(kind, claim, slot, device, node):
+            self.h.steps[kind] += 1
+
+    def _disturb(self, kind: str, claim: str, slot: int | None, device: str, node: str) -> bool:
+        """One non-CNI step when it applies now (else nothing; False): publisher, network, API
+        server, credentials, scheduler, user. Expensive ones only in heavy sequences, at most once."""
         api, h = self.h.apiserver_up, self.h
         if kind == "kill_publisher" and h.publisher.running and self.kills < 1 + self.heavy:
             self.kill_publisher()
@@ -244,6 +254,9 @@ class Scenario:
             self.delete_pod(slot or 0)
         elif kind == "recreate_pod" and api and len(self.alive_slots()) < len(self.slots):
             self.recreate_pod(slot or 0)
+        else:
+            return False
+        return True
 
     def kill_publisher(self) -> None:
         self.h.publisher.kill()
@@ -328,6 +341,15 @@ class Scenario:
         while time.time() < deadline and self._resyncs() < start + count:
             time.sleep(0.05)
 
+    def heal(self) -> None:
+        """API reachable, API server up, publisher running: how every sequence ends."""
+        if not self.h.proxy.up:
+            self.h.proxy.restore()
+        if not self.h.apiserver_up:
+            self.start_apiserver()
+        if not self.h.publisher.running:
+            self.h.publisher.start()
+
     def settle(self) -> None:
         """Back to a healthy node, then wait for quiescence and check the invariant.
 
@@ -336,12 +358,7 @@ class Scenario:
         (`last_resync`); the claims must then be what the model says. A publisher without
         those fields: spool dir empty, claims equal, and still equal after two more resync passes.
         Failing needs three quiet rounds that disagree with the model, or the deadline."""
-        if not self.h.proxy.up:
-            self.h.proxy.restore()
-        if not self.h.apiserver_up:
-            self.start_apiserver()
-        if not self.h.publisher.running:
-            self.h.publisher.start()
+        self.heal()
         deadline = time.time() + QUIESCE_TIMEOUT
         expected = self.expected()
         observed: dict[str, Any] = {}
@@ -385,12 +402,7 @@ class Scenario:
 
     def cleanup(self) -> None:
         """Leave nothing for the next sequence: a healthy node, no claims, pods or netns."""
-        if not self.h.proxy.up:
-            self.h.proxy.restore()
-        if not self.h.apiserver_up:
-            self.start_apiserver()
-        if not self.h.publisher.running:
-            self.h.publisher.start()
+        self.heal()
         for c in getattr(self, "model", Model("")).claims.values():
             try:
                 self.h.resource.delete_namespaced_resource_claim(c.name, self.h.namespace)
