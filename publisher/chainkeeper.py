@@ -33,6 +33,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -49,6 +50,8 @@ from .conflist import (
 )
 
 PLUGIN_NAME = "netclaim"
+# Seconds to keep asking for the DaemonSet on SIGTERM (the chart's grace period is 30).
+DECIDE_WITHIN = 15.0
 Snapshot = tuple[tuple[str, int, int, int], ...]
 
 
@@ -220,11 +223,13 @@ def owner_state(get_daemonset: Callable[[], dict[str, Any]]) -> str:
     """
     from .kube import ApiError, NotFound
 
+    log = logs.get()
     try:
         ds = get_daemonset()
     except NotFound:
         return "gone"
     except ApiError as exc:
+        log.info("DaemonSet lookup", extra={"code": exc.code, "error": exc.message[:300]})
         return "gone" if exc.code in (401, 403) else "unknown"
     return "gone" if ds.get("metadata", {}).get("deletionTimestamp") else "present"
 
@@ -249,7 +254,13 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None) 
     log.info("chain keeper started", extra={"conf_dir": str(cfg.conf_dir), "conflist": cfg.conflist or "(first)",
                                             "poll_interval": cfg.poll_interval})
     keeper.run()
-    state = decide() if decide else "unknown"
+    log.info("chain keeper signalled: uninstall or upgrade?", extra={"signal": signalled[-1] if signalled else 0})
+    state = "unknown"
+    deadline = time.monotonic() + DECIDE_WITHIN
+    while decide is not None and state == "unknown" and time.monotonic() < deadline:
+        state = decide()
+        if state == "unknown":
+            time.sleep(1.0)
     log.info("chain keeper stopping", extra={"owner": state})
     if state == "gone":
         keeper.remove_everything()
