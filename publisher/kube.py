@@ -341,8 +341,12 @@ class Kube:
                       body=event, timeout=EVENT_TIMEOUT).read()
 
     def get_daemonset(self, namespace: str, name: str) -> dict[str, Any]:
-        """The chain keeper's own DaemonSet: gone or being deleted means uninstall (publisher/chainkeeper.py)."""
-        return self._json("get", "GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}")
+        """The chain keeper's own DaemonSet: gone or being deleted means uninstall (publisher/chainkeeper.py).
+
+        Short timeouts: it is asked within the pod's termination grace period.
+        """
+        return self._json("get", "GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}",
+                          timeout=EVENT_TIMEOUT)
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch one events.k8s.io/v1 Event (its series: repeats of the same warning)."""
