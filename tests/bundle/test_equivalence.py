@@ -22,7 +22,7 @@ import pytest
 
 from .conftest import DRIVER, Sandbox, cni_env
 
-WORK = Path(tempfile.gettempdir()) / "ncbd-equiv"  # one fixed path: outputs may name it
+WORK = Path(tempfile.gettempdir()) / f"ncbd-equiv-{os.getpid()}"  # one path for both plugins: outputs may name it
 
 
 @dataclass
