@@ -85,18 +85,25 @@ start() {
     echo $! >"$DIR/$name.pid"
 }
 
-stop_pid() { # stop_pid NAME: SIGTERM, wait, SIGKILL; exactly the pid we started
-    local pidfile="$DIR/$1.pid" pid i
-    [[ -f "$pidfile" ]] || return 0
-    pid="$(cat "$pidfile")"
-    if kill -0 "$pid" 2>/dev/null; then
-        log "stopping $1 (pid $pid)"
-        kill -TERM "$pid" 2>/dev/null || true
+stop_pid() { # stop_pid NAME...: SIGTERM to each, wait, SIGKILL; exactly the pids we started, in parallel
+    local name pidfile pid i pids=()
+    for name in "$@"; do
+        pidfile="$DIR/$name.pid"
+        [[ -f "$pidfile" ]] || continue
+        pid="$(cat "$pidfile")"
+        if kill -0 "$pid" 2>/dev/null; then
+            log "stopping $name (pid $pid)"
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
+        fi
+        rm -f "$pidfile"
+    done
+    for pid in "${pids[@]}"; do
         for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "$pid" 2>/dev/null || true
         while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-    fi
-    rm -f "$pidfile"
+    done
+    return 0
 }
 
 wait_for() { # wait_for SECONDS WHAT CMD...: poll CMD until it succeeds; fail early when WATCH_PID dies
@@ -157,15 +164,20 @@ make_cgroups() {
     done
 }
 
-remove_cgroups() { # depth first, every hierarchy (runc also creates it in cgroup2)
-    local h
+remove_cgroups() { # depth first, every hierarchy (runc also creates it in cgroup2); shims may still be exiting
+    local h i left
     [[ -n "$CGROOT" ]] || return 0
-    for h in $(cgroup_hierarchies); do
-        [[ -d "$h/$CGROOT" ]] || continue
-        find "$h/$CGROOT" -depth -type d -exec rmdir {} + 2>/dev/null || true
-        [[ -d "$h/$CGROOT" ]] && log "warning: could not remove cgroup $h/$CGROOT"
+    for i in $(seq 1 50); do
+        left=0
+        for h in $(cgroup_hierarchies); do
+            [[ -d "$h/$CGROOT" ]] || continue
+            find "$h/$CGROOT" -depth -type d -exec rmdir {} + 2>/dev/null || true
+            [[ -d "$h/$CGROOT" ]] && left=1
+        done
+        ((left)) || return 0
+        sleep 0.2
     done
-    return 0
+    log "warning: could not remove cgroup /$CGROOT everywhere (processes left in it?)"
 }
 
 save_sysctls() { # once per cluster: the host's values before any kubelet start
@@ -310,9 +322,10 @@ start_containerd() {
 stop_containerd() {
     stop_pid containerd
     # Shims outlive containerd by design; ours are the ones serving our containerd's address.
-    local pid
+    local pid i
     for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CTD/containerd.sock" || true); do
         kill -TERM "$pid" 2>/dev/null || true
+        for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     done
 }
 
@@ -558,16 +571,12 @@ other_kubelet() { # another kubelet runs on this host (its /var/lib/kubelet must
 cmd_down_locked() {
     [[ -f "$STATE" ]] && source "$STATE"
     [[ -n "${KUBECTL:-}" ]] && delete_pods
-    stop_pid publisher
-    stop_pid dra-driver
-    stop_pid kubelet
+    stop_pid publisher dra-driver kubelet kube-scheduler kube-controller-manager
     if [[ -n "${CRICTL:-}" ]] && alive "$DIR/containerd.pid"; then
         # What the kubelet left: stop and remove every sandbox so CNI DEL runs.
         CONTAINER_RUNTIME_ENDPOINT="unix://$CTD/containerd.sock" timeout 60 "$CRICTL" rmp -fa >/dev/null 2>&1 || true
     fi
     stop_containerd
-    stop_pid kube-scheduler
-    stop_pid kube-controller-manager
     "$HERE/control-plane.sh" down >/dev/null 2>&1 || true
     unmount_under "$DIR"
     remove_cgroups
