@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runtime.controlplane import api_client
+from runtime.identity import kubeconfig_token, token_review
 from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until
 
 
@@ -201,3 +203,14 @@ def other_driver(real_cluster: RealCluster) -> str:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+def test_publisher_runs_as_the_node_bound_service_account_not_admin(real_cluster: RealCluster) -> None:
+    kubeconfig = Path(real_cluster.dir) / "nc" / "publisher.kubeconfig"
+    who = token_review(api_client(real_cluster.kubeconfig), kubeconfig_token(kubeconfig))
+    assert who["username"] == "system:serviceaccount:netclaim-system:netclaim-publisher"
+    assert "system:masters" not in who["groups"]
+    assert who["extra"].get("authentication.kubernetes.io/node-name") == [real_cluster.node]
+    plugin = json.loads(Path(real_cluster.values["NETCLAIM_CONFLIST"]).read_text())["plugins"][-1]
+    assert (plugin["type"], plugin["driverName"]) == ("netclaim", real_cluster.driver)
+    assert (Path(real_cluster.values["NETCLAIM_CNI_BIN"]) / "netclaim").is_file()
