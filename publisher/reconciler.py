@@ -155,6 +155,11 @@ class Reconciler:
         # repeated until the claim or our entries change.
         self._rejected: dict[str, tuple[str, str]] = {}
 
+    def forget_inactive(self, active: set[str]) -> None:
+        """Bound memory: refusals of claims no attachment refers to any more are forgotten."""
+        for key in [k for k in self._rejected if k not in active]:
+            self._rejected.pop(key, None)
+
     def _pod_alive(self, att: Attachment) -> bool:
         if self.pods is None:
             return True

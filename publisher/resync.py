@@ -118,4 +118,5 @@ class Housekeeping:
         self.journal.prune_order_marks(cutoff)
         active = {f"{ns}/{name}" for ns, name in self.journal.claims()}
         self.writer.forget_inactive(active)
+        self.reconciler.forget_inactive(active)
         self.forget_claims(active)
