@@ -1,6 +1,6 @@
 """Map a CNI result (1.1.0 form) to one AllocatedDeviceStatus entry.
 
-The rules are DESIGN.md "Mapping a CNI result to a device status": the pod-side
+The rules are docs/design.md "Mapping a CNI result to a device status": the pod-side
 interface named CNI_IFNAME, its canonical IPs, its MAC, the CNI result in
 `data` (trimmed in a fixed order to fit 10 KiB) and a `Ready` condition whose
 lastTransitionTime moves only when its status changes.

@@ -1,4 +1,4 @@
-"""Resolve an attachment to (claim, allocated device): DESIGN.md "Finding the claim".
+"""Resolve an attachment to (claim, allocated device): docs/design.md "Finding the claim and device".
 
 pod (from CNI_ARGS) -> the pod's claims (spec.resourceClaims[].resourceClaimName,
 status.resourceClaimStatuses[] and the DRA extended-resource claim in

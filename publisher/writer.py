@@ -2,7 +2,7 @@
 
 Why one apply per claim with every entry: with server-side apply, the set of
 entries in an apply IS what this field manager owns afterwards, so an apply
-that carries one device drops the manager's other devices (dranet #117).
+that carries one device drops the manager's other devices (docs/design.md "Never clobber").
 Entries of other managers (other nodes, other drivers) are never in our
 applies and are therefore never touched. `force` is off: if another manager
 owns a field of one of our entries, the API answers 409 and we report it
