@@ -83,3 +83,26 @@ def test_defect5_crashed_thread_is_restarted_and_reported(service):
     wait(lambda: len(calls) == 2)  # restarted
     wait(lambda: service.ready()[0])  # and no longer reported down
     release.set()
+
+
+def test_readyz_says_not_ready_past_the_api_thresholds(service):
+    """The thresholds of publisher/limits.py, from the API health the client records per answer."""
+    from publisher import limits
+
+    service.start()
+    wait(lambda: service.ready()[0])
+    kube = service.kube
+    kube._note(0, "connection refused")  # no answer: the outage starts now
+    assert service.ready()[0]  # not yet past the threshold
+    kube._health.failing_since -= limits.API_DOWN_NOT_READY + 1
+    ok, why = service.ready()
+    assert not ok and "API unreachable" in why and "connection refused" in why
+    kube._note(200)  # any answer ends it
+    assert service.ready()[0]
+    for _ in range(limits.UNAUTHORIZED_NOT_READY):
+        kube._note(401, "Unauthorized")
+    ok, why = service.ready()
+    assert not ok and "401" in why
+    assert service.status()["credentials"]["unauthorized_consecutive"] == limits.UNAUTHORIZED_NOT_READY
+    kube._note(200)
+    assert service.ready()[0] and service.status()["credentials"]["unauthorized_total"] == limits.UNAUTHORIZED_NOT_READY
