@@ -51,3 +51,30 @@ def test_allocated_node_needs_exactly_one_matchfields_term():
     c = claim(R)
     c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"].append({"matchFields": []})
     assert allocated_node(c) is None
+
+
+def test_subrequest_result_matches_its_request():
+    results = [{"request": "nic/fast", "driver": DRIVER, "pool": "p", "device": "nic7"}]
+    assert choose_device(claim(results), ev(request="nic"), [])["device"] == "nic7"
+
+
+def test_one_candidate_held_by_another_pod_is_a_shared_device():
+    assert choose_device(claim(R[:1]), ev(request="a"), [(DRIVER, "p", "nic0", "")])["device"] == "nic0"
+
+
+def test_several_devices_for_one_request_by_slice_attribute_then_by_the_free_one():
+    two = [{"request": "a", "driver": DRIVER, "pool": "p", "device": "nic0"},
+           {"request": "a", "driver": DRIVER, "pool": "p", "device": "nic1"}]
+    names = {("p", "nic0"): "net1", ("p", "nic1"): "eth0"}
+    assert choose_device(claim(two), ev("eth0", "a"), [], lambda: names)["device"] == "nic1"
+    assert choose_device(claim(two), ev("eth9", "a"), [(DRIVER, "p", "nic1", "")], lambda: {})["device"] == "nic0"
+    with pytest.raises(Unresolvable, match="ambiguous"):
+        choose_device(claim(two), ev("eth9", "a"), [], lambda: names)
+
+
+def test_extended_resource_claim_is_one_of_the_pods_claims():
+    from publisher.resolver import pod_claim_names
+
+    pod = {"spec": {"resourceClaims": [{"name": "x", "resourceClaimName": "a"}]},
+           "status": {"extendedResourceClaimStatus": {"resourceClaimName": "ext"}}}
+    assert pod_claim_names(pod) == ["a", "ext"]
