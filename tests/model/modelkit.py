@@ -405,8 +405,7 @@ class ClaimModel:
     request: str
     device: str = ""
     node: str = ""
-    reserved_uid: str = ""
-    reserved_name: str = ""
+    reserved: dict[str, str] = field(default_factory=dict)  # pod uid -> name, in reservedFor order
 
 
 @dataclass
@@ -424,10 +423,12 @@ class Model:
     def expected_devices(self, claim: str) -> dict[str, dict[str, Any]]:
         """device -> the entry netclaim must have on it (the invariant of issue 9)."""
         c = self.claims[claim]
-        if not c.device or c.node != NODE or c.reserved_uid not in self.live_pods:
+        if not c.device or c.node != NODE:
             return {}
-        candidates = [k for k in self.known.values()
-                      if k.pod_uid == c.reserved_uid and NETWORKS[k.ifname][1] == c.request]
+        # A shared claim (several pods reserved) still has one entry per device: the live
+        # attachment with the latest ADD among all its pods (docs/publisher.md "Shared devices").
+        pods = {uid for uid in c.reserved if uid in self.live_pods}
+        candidates = [k for k in self.known.values() if k.pod_uid in pods and NETWORKS[k.ifname][1] == c.request]
         if not candidates:
             return {}
         latest = max(candidates, key=lambda k: k.seq)

@@ -249,6 +249,8 @@ class Scenario:
             self.rotate_token()
         elif kind == "allocate" and api:
             self.allocate(claim, slot, device, node)
+        elif kind == "share" and api and self.model.claims[claim].device:
+            self.share(claim, slot or 0)
         elif kind == "delete_pod" and api and self.alive_slots() and self.done["delete_pod"] < 2:
             self.done["delete_pod"] += 1
             self.delete_pod(slot or 0)
@@ -290,7 +292,8 @@ class Scenario:
         """Deallocate (slot None), or reallocate to the pod in `slot` as the scheduler would."""
         c = self.model.claims[claim]
         self._patch_status(c.name, {"reservedFor": None, "allocation": None})
-        c.device = c.node = c.reserved_uid = c.reserved_name = ""
+        c.device = c.node = ""
+        c.reserved = {}
         if slot is None:
             return
         alive = self.alive_slots()
@@ -303,7 +306,18 @@ class Scenario:
                            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
             "reservedFor": [{"resource": "pods", "name": s.name, "uid": s.uid}]})
-        c.device, c.node, c.reserved_uid, c.reserved_name = device, node, s.uid, s.name
+        c.device, c.node, c.reserved = device, node, {s.uid: s.name}
+
+    def share(self, claim: str, slot: int) -> None:
+        """Reserve an allocated claim for one more pod too (a shared claim), as the scheduler does."""
+        c = self.model.claims[claim]
+        others = [i for i in self.alive_slots() if self.slots[i].uid not in c.reserved]
+        if not c.device or not others:
+            return
+        s = self.slots[others[slot % len(others)]]
+        c.reserved[s.uid] = s.name
+        self._patch_status(c.name, {"reservedFor": [{"resource": "pods", "name": name, "uid": uid}
+                                                    for uid, name in c.reserved.items()]})
 
     def _patch_status(self, name: str, status: dict[str, Any]) -> None:
         self.h.resource.patch_namespaced_resource_claim_status(name, self.h.namespace, {"status": status},
@@ -389,7 +403,7 @@ class Scenario:
             if expected[base] != observed.get(base):
                 c = self.model.claims[base]
                 lines.append(f"  claim {c.name} (device {c.device or '-'} node {c.node or '-'} "
-                             f"reservedFor {c.reserved_name or '-'}):")
+                             f"reservedFor {','.join(c.reserved.values()) or '-'}):")
                 lines.append(f"    expected {json.dumps(expected[base], sort_keys=True)}")
                 lines.append(f"    observed {json.dumps(observed.get(base), sort_keys=True)}")
         lines.append(f"  spool: {self.h.publisher.spooled()}")

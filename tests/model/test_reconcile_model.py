@@ -5,7 +5,8 @@ ADD, DEL, CHECK and GC through the real plugin for 3 pods and 2 claims, each
 delivered over the socket or through the spool (or lost, for a DEL whose
 spool is unwritable), publisher SIGKILL and restart, API cut at a TCP proxy,
 the real API server stopped and started, token rotation with 401s, claim
-deallocation and reallocation (to another pod, another device, another node),
+deallocation and reallocation (to another pod, another device, another node), a
+claim shared by a second pod (reservedFor with two pods: one entry, the latest attachment),
 pod deletion and re-creation. After each sequence the node is made healthy
 again and, once quiet, every claim's netclaim entries must be exactly what the
 model says (Model.expected_devices). Expensive steps (API server restart, token
@@ -46,7 +47,8 @@ picks = st.integers(0, 7)
 # Everything that is not a CNI verb, in one rule so that CNI verbs stay most of the steps;
 # a kind that does not apply at that point (see Scenario.disturb) is a no-op.
 kinds = st.sampled_from(["kill_publisher", "start_publisher", "cut_api", "restore_api", "stop_apiserver",
-                         "start_apiserver", "rotate_token", "allocate", "allocate", "delete_pod", "recreate_pod"])
+                         "start_apiserver", "rotate_token", "allocate", "allocate", "delete_pod", "recreate_pod",
+                         "share"])
 
 
 def machine_for(harness: Harness) -> type[RuleBasedStateMachine]:
@@ -87,6 +89,22 @@ def machine_for(harness: Harness) -> type[RuleBasedStateMachine]:
         @rule(pick=picks)
         def drift(self, pick: int) -> None:
             self.do("drift", pick=pick)
+
+        # heavy sequences: the expensive steps get rules of their own so that they do happen
+        @precondition(lambda self: self.s.heavy and harness.apiserver_up and not self.s.apiserver_restarts)
+        @rule()
+        def stop_apiserver(self) -> None:
+            self.do("stop_apiserver")
+
+        @precondition(lambda self: not harness.apiserver_up)
+        @rule()
+        def start_apiserver(self) -> None:
+            self.do("start_apiserver")
+
+        @precondition(lambda self: self.s.heavy and harness.apiserver_up and not self.s.rotations)
+        @rule()
+        def rotate_token(self) -> None:
+            self.do("rotate_token")
 
         @rule(kind=kinds, claim=st.sampled_from(["ca", "cb"]), slot=st.one_of(st.none(), st.integers(0, 2)),
               device=st.sampled_from(["dev0", "dev1"]), node=st.sampled_from([NODE, NODE, OTHER_NODE]))

@@ -109,6 +109,15 @@ def test_reallocation_to_the_same_pod_on_another_device_republishes(harness: Har
                      ("allocate", {"claim": "cb", "slot": 1, "device": "dev1", "node": NODE})])
 
 
+def test_shared_claim_shows_the_latest_attachment_and_falls_back(harness: Harness) -> None:
+    """ca shared by p0 and p2: p2's later ADD wins the one entry of dev0; after its DEL, p0's is back."""
+    replay(harness, [("begin", {"first": "socket"}), ("share", {"claim": "ca", "slot": 1}),
+                     ("new_sandbox", {"slot": 2}), ("add", {"pick": 2, "channel": "spool"})])
+    replay(harness, [("begin", {"first": "socket"}), ("share", {"claim": "ca", "slot": 1}),
+                     ("new_sandbox", {"slot": 2}), ("add", {"pick": 2, "channel": "socket"}),
+                     ("delete", {"pick": 2, "channel": "socket"})])
+
+
 # ---------------------------------------------------------------- sequences the model test failed on
 
 def steps_from_hypothesis(text: str) -> Steps:
