@@ -234,7 +234,28 @@ def owner_state(get_daemonset: Callable[[], dict[str, Any]]) -> str:
     return "gone" if ds.get("metadata", {}).get("deletionTimestamp") else "present"
 
 
-def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None) -> int:
+@dataclass
+class StopSignal:
+    """SIGTERM/SIGINT caught from the first moment: a PID 1 without a handler ignores SIGTERM."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    signals: list[int] = field(default_factory=list)
+
+    @classmethod
+    def install(cls) -> "StopSignal":
+        stop = cls()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            stop.signals.append(signum)
+            stop.event.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        return stop
+
+
+def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
+               stop: StopSignal | None = None) -> int:
     """The keeper's life: chain, keep chained, and on SIGTERM clean up if uninstalled."""
     log = logs.get()
     keeper = ChainKeeper(cfg)
@@ -243,14 +264,9 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None) 
         # the plugin now; the long-running keeper chains it when the file comes.
         keeper.reconcile()
         return 0
-    signalled: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        signalled.append(signum)
-        keeper.stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop or StopSignal.install()
+    keeper.stop = stop.event
+    signalled = stop.signals
     log.info("chain keeper started", extra={"conf_dir": str(cfg.conf_dir), "conflist": cfg.conflist or "(first)",
                                             "poll_interval": cfg.poll_interval})
     keeper.run()

@@ -246,6 +246,9 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     from . import chainkeeper, logs
     from .conflist import Refused, build_entry
 
+    # First of all: a SIGTERM that comes while the API client is still loading must not be lost.
+    stop = chainkeeper.StopSignal.install() if not (once or uninstall_now) else None
+
     logs.setup(log_format, "info")
     if not uninstall_now and not os.path.isfile(plugin_binary):
         raise click.ClickException(f"plugin executable {plugin_binary}: no such file")
@@ -280,7 +283,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
             return "unknown"
         return chainkeeper.owner_state(lambda: kube.get_daemonset(namespace, daemonset))
 
-    sys.exit(chainkeeper.run_keeper(cfg, once, decide if daemonset else None))
+    sys.exit(chainkeeper.run_keeper(cfg, once, decide if daemonset else None, stop))
 
 
 def limit_malloc_arenas(arenas: int = 2) -> None:
