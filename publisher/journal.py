@@ -350,6 +350,20 @@ class Journal:
         with self._lock:
             return self._db.execute("SELECT MIN(next_try) FROM dirty").fetchone()[0]
 
+    def settle(self, ns: str, name: str, delete: list[tuple[str, str]], upsert: list[Attachment],
+               applied: str | None) -> None:
+        """After a successful reconcile, in one transaction: forget/move attachments, remember
+        the applied body's hash, and clear the claim's dirty mark."""
+        now = time.time()
+        with self._tx() as db:
+            for key in delete:
+                db.execute("DELETE FROM attachments WHERE container_id=? AND ifname=?", key)
+            for att in upsert:
+                self._put(db, att, now)
+            if applied is not None:
+                db.execute("INSERT OR REPLACE INTO applied(claim, body_hash) VALUES (?,?)", (f"{ns}/{name}", applied))
+            db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))
+
     def clean(self, ns: str, name: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))

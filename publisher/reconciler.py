@@ -185,7 +185,7 @@ class Reconciler:
                 self.journal.clean(ns, name)
                 return False
             try:
-                wrote = self.writer.apply(ns, name, desired.entries, server_devices(claim))
+                wrote = self.writer.apply(ns, name, desired.entries, server_devices(claim), record=False)
             except NotFound as exc:
                 self._gone(ns, name, exc.message, trigger)
                 return False
@@ -194,22 +194,21 @@ class Reconciler:
                 self._refused(key, desired, exc, trigger)
                 return False
             self._rejected.pop(key, None)
-            self._commit(ns, name, desired)
+            self._commit(ns, name, desired, self.writer.last_digest(key) if wrote else None)
             devices = [f"{a.pool}/{a.device}" for a in desired.shown]
             self.report.claim_state(key, "published", "", devices)
             self.log.info("published" if wrote else "unchanged, apply skipped",
                           extra={"entries": len(desired.entries), **event_fields(trigger, key)})
             return wrote
 
-    def _commit(self, ns: str, name: str, desired: Desired) -> None:
+    def _commit(self, ns: str, name: str, desired: Desired, applied: str | None) -> None:
+        """One journal transaction: dropped and moved attachments, the applied hash, not dirty any more."""
         for att, why in desired.dropped:
             self.log.info("attachment dropped", extra={"reason": why, "claim": f"{ns}/{name}",
                                                        **logs.attachment_fields(None, "", *att.key)})
         dropped = {a.key for a, _ in desired.dropped}
         moved = [a for a in desired.moved if a.key not in dropped]
-        if dropped or moved:
-            self.journal.finish(None, delete=sorted(dropped), upsert=moved)
-        self.journal.clean(ns, name)
+        self.journal.settle(ns, name, sorted(dropped), moved, applied)
 
     def _gone(self, ns: str, name: str, message: str, trigger: Event | None) -> None:
         key = f"{ns}/{name}"

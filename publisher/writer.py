@@ -100,7 +100,7 @@ class Writer:
             self.remember(claim_key, None)
 
     def apply(self, namespace: str, name: str, entries: list[dict[str, Any]],
-              on_server: list[dict[str, Any]] | None = None) -> bool:
+              on_server: list[dict[str, Any]] | None = None, record: bool = True) -> bool:
         """One apply attempt; True when a request was made, False when skipped.
 
         Skipped when the body equals the last one applied for the claim and,
@@ -108,6 +108,8 @@ class Writer:
         each of our entries as applied (someone may have wiped them). Errors are
         raised as classified by publisher/kube.py; retrying is the caller's job
         (publisher/reconciler.py), so a failing claim never holds a worker.
+        With `record` off the caller stores the applied body's hash itself
+        (last_digest), in a transaction it makes anyway.
         """
         key = f"{namespace}/{name}"
         entries = sort_entries(entries)
@@ -124,8 +126,13 @@ class Writer:
             raise
         with self._guard:
             self._last[key] = digest
-        self.remember(key, digest)
+        if record:
+            self.remember(key, digest)
         return True
+
+    def last_digest(self, claim_key: str) -> str | None:
+        with self._guard:
+            return self._last.get(claim_key)
 
 
 def holds(on_server: list[dict[str, Any]], entries: list[dict[str, Any]]) -> bool:
