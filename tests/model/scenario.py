@@ -76,15 +76,20 @@ class Scenario:
     rotations: int = 0
     log: list[str] = field(default_factory=list)
     done: Counter = field(default_factory=Counter)  # steps run in this sequence (caps in the machine)
+    plan: int | None = None
+    cni_steps: int = 0
 
     def count(self, step: str) -> int:
         return self.done[step]
 
     # ------------------------------------------------------------ setup
 
-    def begin(self, heavy: bool = False, first: str = "") -> None:
+    def begin(self, heavy: bool = False, first: str = "", plan: int | None = None) -> None:
         """Claims ca (request a) -> p0 and cb (request b) -> p1, a sandbox for p0 and p1; with
-        `first` (a channel) their attachments on the claims' requests are ADDed already."""
+        `first` (a channel) their attachments on the claims' requests are ADDed already. A heavy
+        sequence with a `plan` rotates the token after CNI step `plan` and has the API server
+        down from step plan+1 to plan+3 (when the rules did not do it already)."""
+        self.plan = plan if heavy else None
         self.h.sequences += 1
         self.sid = f"{self.h.sequences}{uuid.uuid4().hex[:4]}"
         self.heavy = heavy
@@ -139,6 +144,24 @@ class Scenario:
         if channel == "lost" and verb != "DEL":
             channel = "socket"
         self.h.steps[f"{verb} {channel}"] += 1
+        self._cni(verb, pick, channel)
+        self.cni_steps += 1
+        self._planned()
+
+    def _planned(self) -> None:
+        if self.plan is None:
+            return
+        if self.cni_steps == self.plan and not self.rotations and self.h.apiserver_up:
+            self.h.steps["rotate_token"] += 1
+            self.rotate_token()
+        elif self.cni_steps == self.plan + 1 and not self.apiserver_restarts and self.h.apiserver_up:
+            self.h.steps["stop_apiserver"] += 1
+            self.stop_apiserver()
+        elif self.cni_steps == self.plan + 3 and not self.h.apiserver_up:
+            self.h.steps["start_apiserver"] += 1
+            self.start_apiserver()
+
+    def _cni(self, verb: str, pick: int, channel: str) -> None:
         if verb == "ADD" and self.addable():
             self.add(pick, channel)
         elif verb == "DEL" and self.deletable():

@@ -10,9 +10,10 @@ claim shared by a second pod (reservedFor with two pods: one entry, the latest a
 pod deletion and re-creation. After each sequence the node is made healthy
 again and, once quiet, every claim's netclaim entries must be exactly what the
 model says (Model.expected_devices). Expensive steps (API server restart, token
-rotation) are only enabled in "heavy" sequences (about 1 in 20) and at most
-once each; the publisher is killed at most once per sequence (twice when heavy), and
-the other non-CNI steps are capped per sequence so that most steps are CNI verbs.
+rotation) are only enabled in "heavy" sequences (about 1 in 20), at most
+once each, and planned at a drawn CNI step when the rules did not pick them;
+the publisher is killed at most once per sequence (twice when heavy), and the
+other non-CNI steps are capped per sequence so that most steps are CNI verbs.
 
 CI runs NETCLAIM_MODEL_EXAMPLES (default 200) sequences, derandomized (same
 sequences every run, no example database). A failure prints the step list
@@ -37,7 +38,7 @@ from scenario import Harness, Scenario
 pytestmark = [pytest.mark.controlplane, pytest.mark.netns]
 
 EXAMPLES = int(os.environ.get("NETCLAIM_MODEL_EXAMPLES", "200"))
-STEPS = int(os.environ.get("NETCLAIM_MODEL_STEPS", "20"))
+STEPS = int(os.environ.get("NETCLAIM_MODEL_STEPS", "16"))
 MAX_SANDBOXES = 5
 
 # One rule for the four verbs, weighted towards ADD (a node ADDs before it can DEL, CHECK or GC).
@@ -63,9 +64,10 @@ def machine_for(harness: Harness) -> type[RuleBasedStateMachine]:
             self.s.done[step] += 1
             getattr(self.s, step)(**kwargs)
 
-        @initialize(heavy=st.sampled_from([False] * 19 + [True]), first=st.sampled_from(["socket", "spool"]))
-        def begin(self, heavy: bool, first: str) -> None:
-            self.s.begin(heavy, first)
+        @initialize(heavy=st.sampled_from([False] * 19 + [True]), first=st.sampled_from(["socket", "spool"]),
+                    plan=st.integers(0, 6))
+        def begin(self, heavy: bool, first: str, plan: int) -> None:
+            self.s.begin(heavy, first, plan)
 
         def teardown(self) -> None:
             try:

@@ -75,6 +75,18 @@ def test_defect4_a_rotated_token_is_reread_after_401(harness: Harness) -> None:
                      ("add", {"pick": 0, "channel": "socket"})])
 
 
+def test_planned_rotation_and_api_server_restart_between_cni_verbs(harness: Harness) -> None:
+    """A heavy sequence's plan: token rotated after CNI step 1, API server down for steps 2-3."""
+    replay(harness, steps_from_hypothesis("""
+        state.begin(heavy=True, first='spool', plan=1)
+        state.cni(channel='socket', pick=0, verb='ADD')
+        state.cni(channel='spool', pick=0, verb='DEL')
+        state.cni(channel='socket', pick=1, verb='ADD')
+        state.cni(channel='socket', pick=0, verb='CHECK')
+        state.cni(channel='spool', pick=1, verb='GC')
+    """))
+
+
 def test_api_server_restart_delays_but_does_not_lose(harness: Harness) -> None:
     replay(harness, [begin(True), ("stop_apiserver", {}),
                      ("add", {"pick": 3, "channel": "socket"}), ("start_apiserver", {})])
