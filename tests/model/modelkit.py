@@ -37,8 +37,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts" / "runtime"))
-sys.path.insert(0, str(REPO / "tests" / "publisher"))
+# Appended, never prepended: scripts/runtime has a publisher.py that must not shadow the package.
+sys.path.append(str(REPO / "scripts" / "runtime"))
+sys.path.append(str(REPO / "tests" / "publisher"))
 import identity  # noqa: E402  (scripts/runtime/identity.py: the shipped node identity)
 from publisher_testkit import Publisher  # noqa: E402  (tests/publisher: the publisher subprocess)
 
