@@ -39,7 +39,7 @@ class SocketServer:
         self,
         path: str,
         submit: Callable[[Event], tuple[bool, str]],
-        status: Callable[[], dict[str, Any]],
+        status: Callable[..., dict[str, Any]],
         metrics: Metrics,
         allowed_uids: tuple[int, ...] = (),
         allowed_gids: tuple[int, ...] = (),
@@ -196,7 +196,9 @@ class SocketServer:
         """Answer one request; False closes the connection."""
         kind = message.get("kind")
         if kind == "status":
-            self._reply(conn, {"ok": True, "status": self.status()})
+            # {"brief": true}: only the counters (quiescence polls), not the per-claim list.
+            st = self.status(brief=True) if message.get("brief") is True else self.status()
+            self._reply(conn, {"ok": True, "status": st})
             return True
         if kind != "event":
             self.metrics.events_rejected.labels("bad_request").inc()

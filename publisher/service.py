@@ -219,7 +219,17 @@ class Service:
     def spool_files(self) -> int:
         return len(list_spool(self.settings.spool_dir))
 
-    def status(self) -> dict[str, Any]:
+    def brief_status(self) -> dict[str, Any]:
+        """The counters a poll for quiescence needs, cheap enough to ask every few ms."""
+        depth, spooled, dirty = self.journal.depth(), self.spool_files(), self.journal.dirty_count()
+        return {"node": self.settings.node_name, "journal_depth": depth, "spool_files": spooled,
+                "dirty_claims": dirty, "quiescent": depth == 0 and spooled == 0 and dirty == 0,
+                "last_resync": self.housekeeping.last_resync or None,
+                "resync_failures": self.housekeeping.resync_failures}
+
+    def status(self, brief: bool = False) -> dict[str, Any]:
+        if brief:
+            return self.brief_status()
         claims = self.report.claims()
         for ns, name in self.journal.claims():
             claims.setdefault(f"{ns}/{name}", {"state": "pending", "error": "", "devices": [], "updated": None})

@@ -247,8 +247,9 @@ class Publisher:
     def metric(self, prefix: str) -> float:
         return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
 
-    def status(self) -> dict[str, Any]:
-        return request(self.socket, {"kind": "status"})["status"]
+    def status(self, brief: bool = False) -> dict[str, Any]:
+        """The publisher's status; `brief`: only the counters (journal, spool, dirty claims, resync)."""
+        return request(self.socket, {"kind": "status", "brief": brief})["status"]
 
 
 def request(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:

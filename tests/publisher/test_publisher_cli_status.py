@@ -78,6 +78,8 @@ def test_status_cli_after_publish_and_after_a_refusal(cluster: Cluster, publishe
     assert "not allocated" in st["oldest_pending"]["last_error"]
     assert st["last_error"] is None and st["failed_events"] == []
     assert st["claims"][key]["state"] == "published" and st["claims"][key]["devices"] == ["node-a/nic0"]
+    brief = publisher.status(brief=True)  # what a quiescence poll asks for: counters only
+    assert brief["journal_depth"] == 1 and brief["quiescent"] is False and "claims" not in brief
     text = cli_text(publisher.socket)
     assert line(text, "node") == "node-a"
     assert line(text, "journal depth") == "1"
