@@ -29,6 +29,14 @@ deletes (etcd_mvcc_*), watches open (apiserver_longrunning_requests{verb=WATCH})
 from the publishers: their own request counters, RSS and CPU (/proc).
 Everything is bounded: a phase that does not finish within its deadline fails
 the run with what was missing. Loopback only.
+
+--tracked-idle S (with a short --resync-interval) adds an idle window while the
+ADDed claims are tracked: what the periodic resync costs per claim and pass.
+--apf adds kubelet-like and other-workload latencies under a flood of publisher
+applies, without and with the shipped APF objects, on a second control plane
+with lowered concurrency (tests/deploy/test_apf.py asserts the behaviour).
+The output ends with an extrapolation to a large cluster (`Cluster`).
+Results: docs/scale.md.
 """
 
 from __future__ import annotations
