@@ -38,17 +38,9 @@ done
 VERSION="$("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import cni_plugin; print(cni_plugin.__version__)' "$ROOT")"
 TAG="${TAG:-$VERSION}"
 
-ensure_packages() {
-    local missing=() p
-    for p in "${APT_PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    ((${#missing[@]})) || return 0
-    log "installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
+# shellcheck source=lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+ensure_packages() { ensure_debian_packages "${APT_PACKAGES[@]}"; }
 
 # The base: Essential packages plus Python 3.11, no docs, man pages or locales.
 base_rootfs() {

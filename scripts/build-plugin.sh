@@ -37,17 +37,9 @@ while (($#)); do
     esac
 done
 
-ensure_packages() {
-    local missing=() p
-    for p in "${APT_PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    ((${#missing[@]})) || return 0
-    log "installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
+# shellcheck source=lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+ensure_packages() { ensure_debian_packages "${APT_PACKAGES[@]}"; }
 
 # The upstream version of the static library, e.g. 3.11.2 (Debian: 3.11.2-6+deb12u6).
 libpython_version() {

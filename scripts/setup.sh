@@ -25,17 +25,11 @@ APT_PACKAGES=(
     util-linux mount              # nsenter, setsid, flock, umount: the real cluster's node side
 )
 
+# shellcheck source=lib/apt.sh
+source "$ROOT/scripts/lib/apt.sh"
+
 install_packages() {
-    local missing=()
-    for p in "${APT_PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    if ((${#missing[@]})); then
-        log "installing Debian packages: ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    fi
+    ensure_debian_packages "${APT_PACKAGES[@]}"
     # Debian's containerd package enables and starts a system containerd where
     # systemd runs; the harness starts its own, so nothing else is needed here.
 }

@@ -1,7 +1,7 @@
 """scripts/build-plugin.sh: cached by its inputs, rebuilt when the plugin changes, reproducible.
 
 The build runs on a copy of exactly what the image's `plugin` stage copies
-(cni_plugin/, scripts/build-plugin.sh, scripts/bundle/) with its own cache dir;
+(cni_plugin/, scripts/build-plugin.sh, scripts/lib/, scripts/bundle/) with its own cache dir;
 the CPython source it needs (Modules/_json.c) is seeded from this machine's
 cache when there is one, else fetched as a fresh machine would.
 """
@@ -23,6 +23,7 @@ def _kit(dest: Path) -> Path:
     (dest / "scripts").mkdir()
     shutil.copy2(REPO / "scripts" / "build-plugin.sh", dest / "scripts" / "build-plugin.sh")
     shutil.copytree(REPO / "scripts" / "bundle", dest / "scripts" / "bundle")
+    shutil.copytree(REPO / "scripts" / "lib", dest / "scripts" / "lib")
     return dest
 
 
