@@ -130,6 +130,19 @@ def test_shared_claim_shows_the_latest_attachment_and_falls_back(harness: Harnes
                      ("delete", {"pick": 2, "channel": "socket"})])
 
 
+def test_a_check_of_an_older_sandbox_does_not_replace_the_latest_sandbox(harness: Harness) -> None:
+    """F4, minimised from seq3: p0 has an older sandbox (its DEL never came) and a newer one, both
+    ADDed; a CHECK of the OLDER one (drift) must not make its data the claim's entry: the entry
+    stays the latest sandbox's (newer containerID, IPs, MAC, Ready=True)."""
+    replay(harness, steps_from_hypothesis("""
+        state.begin(first='socket')
+        state.new_sandbox(slot=0)
+        state.add(pick=2, channel='socket')
+        state.drift(pick=0)
+        state.check(pick=0, channel='socket')
+    """))
+
+
 # ---------------------------------------------------------------- sequences the model test failed on
 
 def steps_from_hypothesis(text: str) -> Steps:
@@ -194,6 +207,26 @@ FOUND: dict[str, str] = {
         state.disturb(claim='cb', device='dev1', kind='rotate_token', node='node-a', slot=None)
         state.disturb(claim='ca', device='dev1', kind='allocate', node='node-a', slot=1)
         state.disturb(claim='ca', device='dev0', kind='recreate_pod', node='node-a', slot=None)
+    """,
+    # F4: a drifting CHECK of p0's OLDER sandbox (s0) after the newer sandbox s2 was ADDed made s0's
+    # data (IPs .70, old MAC, Ready False) the entry of ca/dev0; expected s2's (IPs .72, Ready True).
+    "seq3_check_of_older_sandbox_replaces_latest": """
+        state.begin(plan=4, first='spool', heavy=False)
+        state.new_sandbox(slot=0)
+        state.drift(pick=6)
+        state.cni(channel='spool', pick=5, verb='DEL')
+        state.cni(channel='spool', pick=4, verb='ADD')
+        state.new_sandbox(slot=2)
+        state.drift(pick=7)
+        state.cni(channel='spool', pick=6, verb='ADD')
+        state.drift(pick=2)
+        state.cni(channel='socket', pick=4, verb='DEL')
+        state.cni(channel='spool', pick=4, verb='CHECK')
+        state.new_sandbox(slot=2)
+        state.cni(channel='socket', pick=1, verb='GC')
+        state.cni(channel='socket', pick=2, verb='GC')
+        state.cni(channel='lost', pick=2, verb='ADD')
+        state.cni(channel='socket', pick=4, verb='ADD')
     """,
 }
 
