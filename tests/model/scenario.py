@@ -438,7 +438,9 @@ class Scenario:
         return "\n".join(lines)
 
     def cleanup(self) -> None:
-        """Leave nothing for the next sequence: a healthy node, no claims, pods or netns."""
+        """Leave nothing for the next sequence: no netns, a healthy node, no claims or pods."""
+        for sb in self.sandboxes:  # first: a failing heal must not leak network namespaces
+            sb.destroy()
         self.heal()
         for c in getattr(self, "model", Model("")).claims.values():
             try:
@@ -449,8 +451,6 @@ class Scenario:
         for s in self.slots:
             if s.uid:
                 delete_pod(self.h.api, self.h.namespace, s.name)
-        for sb in self.sandboxes:
-            sb.destroy()
 
 
 def replay(h: Harness, steps: list[tuple[str, dict[str, Any]]]) -> None:
