@@ -136,6 +136,12 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
     return out
 
 
+def allocation_fingerprint(claim: dict[str, Any]) -> str:
+    """What must change before a refused driver is tried again: allocation and reservations."""
+    status = claim.get("status") or {}
+    return body_hash([status.get("allocation") or {}, status.get("reservedFor") or []])
+
+
 def server_devices(claim: dict[str, Any]) -> list[dict[str, Any]]:
     return (claim.get("status") or {}).get("devices") or []
 
@@ -154,11 +160,16 @@ class Reconciler:
         # claim -> (body hash, resourceVersion) of an apply the API refused: not
         # repeated until the claim or our entries change.
         self._rejected: dict[str, tuple[str, str]] = {}
+        # claim -> (driver, allocation fingerprint): a driver whose entries the API refuses
+        # on this claim, left out until the claim's allocation or reservations change.
+        self._quarantine: dict[str, tuple[str, str]] = {}
 
     def forget_inactive(self, active: set[str]) -> None:
         """Bound memory: refusals of claims no attachment refers to any more are forgotten."""
         for key in [k for k in self._rejected if k not in active]:
             self._rejected.pop(key, None)
+        for key in [k for k in self._quarantine if k not in active]:
+            self._quarantine.pop(key, None)
 
     def _pod_alive(self, att: Attachment) -> bool:
         if self.pods is None:
@@ -179,7 +190,8 @@ class Reconciler:
                 except NotFound as exc:
                     self._gone(ns, name, exc.message, trigger)
                     return False
-            desired = plan(claim, self.journal.for_claim(ns, name), self.node, self._pod_alive)
+            atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
+            desired = plan(claim, atts, self.node, self._pod_alive)
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):
                 self.journal.clean(ns, name)
@@ -190,9 +202,12 @@ class Reconciler:
                 self._gone(ns, name, exc.message, trigger)
                 return False
             except PermanentError as exc:
-                self._rejected[key] = (body_hash(desired.entries), rv)
-                self._refused(key, desired, exc, trigger)
-                return False
+                isolated = self._isolate(ns, name, claim, desired, exc, trigger)
+                if isolated is None:
+                    self._rejected[key] = (body_hash(desired.entries), rv)
+                    self._refused(key, desired, exc, trigger)
+                    return False
+                desired, wrote = isolated, True
             self._rejected.pop(key, None)
             self._commit(ns, name, desired, self.writer.last_digest(key) if wrote else None)
             devices = [f"{a.pool}/{a.device}" for a in desired.shown]
@@ -200,6 +215,35 @@ class Reconciler:
             self.log.info("published" if wrote else "unchanged, apply skipped",
                           extra={"entries": len(desired.entries), **event_fields(trigger, key)})
             return wrote
+
+    def _quarantined(self, key: str, driver: str, claim: dict[str, Any]) -> bool:
+        held = self._quarantine.get(key)
+        return held is not None and held[0] == driver and held[1] == allocation_fingerprint(claim)
+
+    def _isolate(self, ns: str, name: str, claim: dict[str, Any], desired: Desired, exc: PermanentError,
+                 trigger: Event | None) -> Desired | None:
+        """A refused apply that carries several drivers' entries: find the driver the API
+        refuses (e.g. one this node may not write) by applying without each in turn, so it
+        cannot block the others. That driver's attachments are left out of the claim until
+        its allocation or reservations change. None when no single driver is to blame."""
+        key = f"{ns}/{name}"
+        drivers = sorted({a.driver for a in desired.shown})
+        if len(drivers) < 2:
+            return None
+        for driver in drivers:
+            rest = [a for a in desired.shown if a.driver != driver]
+            try:
+                self.writer.apply(ns, name, sort_entries([a.entry for a in rest]), None, record=False)
+            except PermanentError:
+                continue
+            self._quarantine[key] = (driver, allocation_fingerprint(claim))
+            refused = Desired(shown=[a for a in desired.shown if a.driver == driver])
+            self._refused(key, refused, exc, trigger, keep_state=True)
+            self.log.warning("entries of one driver left out of the claim after a refusal",
+                             extra={"driver": driver, "claim": key})
+            return Desired(entries=sort_entries([a.entry for a in rest]), shown=rest, hidden=desired.hidden,
+                           dropped=desired.dropped, moved=desired.moved)
+        return None
 
     def _commit(self, ns: str, name: str, desired: Desired, applied: str | None) -> None:
         """One journal transaction: dropped and moved attachments, the applied hash, not dirty any more."""
@@ -218,10 +262,14 @@ class Reconciler:
         self.report.claim_state(key, "gone", message, [])
         self.log.warning("claim is gone, its attachments are forgotten", extra=event_fields(trigger, key))
 
-    def _refused(self, key: str, desired: Desired, exc: PermanentError, trigger: Event | None) -> None:
+    def _refused(self, key: str, desired: Desired, exc: PermanentError, trigger: Event | None,
+                 keep_state: bool = False) -> None:
         ns, _, name = key.partition("/")
         self.metrics.apply_errors.labels(str(exc.code)).inc()
-        self.report.claim_state(key, "error", f"{exc.code}: {exc.message}")
+        if keep_state:
+            self.report.error(f"{exc.code}: {exc.message}", trigger, key)
+        else:
+            self.report.claim_state(key, "error", f"{exc.code}: {exc.message}")
         self.log.error("apply rejected", extra={"code": exc.code, "error": exc.message, **event_fields(trigger, key)})
         uid = next((a.claim_uid for a in desired.shown if a.claim_uid), "")
         self.report.warn_claim(key, uid, "ApplyRejected",
