@@ -88,7 +88,8 @@ CREATE TABLE IF NOT EXISTS dirty (
 """
 # Columns added after the first release: (table, column, declaration) for journals written before.
 MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),
-              ("attachments", "request", "TEXT NOT NULL DEFAULT ''"))
+              ("attachments", "request", "TEXT NOT NULL DEFAULT ''"),
+              ("attachments", "added", "TEXT NOT NULL DEFAULT ''"))
 
 
 @dataclass
@@ -120,6 +121,9 @@ class Attachment:
     updated: float = 0.0
     stamp: list = field(default_factory=list)  # wire order stamp of the event that wrote it
     request: str = ""  # the plugin's configured request: the device is chosen again on reallocation
+    # Stamp of the ADD that gave this sandbox its attachment: the sandbox's age. A CHECK moves
+    # `stamp` (event order) but not this, so a CHECK of an older sandbox never makes it "latest".
+    added: list = field(default_factory=list)
 
     @property
     def claim_key(self) -> str:
@@ -408,6 +412,7 @@ class Journal:
         values = [getattr(att, c) for c in _ATT_COLUMNS]
         values[_ATT_COLUMNS.index("entry")] = json.dumps(att.entry, separators=(",", ":"), sort_keys=True)
         values[_ATT_COLUMNS.index("stamp")] = json.dumps(att.stamp or legacy_order(att.event_ts))
+        values[_ATT_COLUMNS.index("added")] = json.dumps(att.added or att.stamp or legacy_order(att.event_ts))
         db.execute(
             f"INSERT OR REPLACE INTO attachments({','.join(_ATT_COLUMNS)}) VALUES ({','.join('?' * len(_ATT_COLUMNS))})",
             values,
@@ -425,6 +430,8 @@ class Journal:
             att.entry = json.loads(att.entry)  # type: ignore[arg-type]
             raw = att.stamp
             att.stamp = json.loads(raw) if raw else legacy_order(att.event_ts)  # type: ignore[arg-type]
+            raw = att.added
+            att.added = json.loads(raw) if raw else att.stamp  # type: ignore[arg-type]
             out.append(att)
         return out
 

@@ -22,7 +22,8 @@ the claim is allocated again, to this node and for the same pod, but with
 other devices, the device is chosen again by the resolver's rule
 (publisher/resolver.py choose_device) and the attachment moves to it.
 Several live attachments on one device (a shared claim, or an older and a
-newer sandbox of a pod): the entry carries the latest one by order stamp.
+newer sandbox of a pod): the entry carries the latest sandbox, the one whose ADD
+has the latest order stamp (a CHECK of an older sandbox does not make it latest).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
             out.dropped.append((att, f"pod {att.pod_namespace}/{att.pod_name} is gone"))
             continue
         held = latest.get(att.device_key)
-        if held is None or order_before(held.stamp, att.stamp):
+        if held is None or order_before(held.added, att.added):  # the newest sandbox, not the newest event
             latest[att.device_key] = att
     out.shown = [latest[k] for k in sorted(latest)]
     out.entries = sort_entries([a.entry for a in out.shown])

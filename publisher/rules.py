@@ -96,7 +96,7 @@ class Rules:
             return
         if current is not None and ev.op == "ADD" and current.result_hash == result_hash(ev) and _ready(current):
             # The same ADD again (runtime retry): nothing to write, no API request.
-            current.stamp = ev.order
+            current.stamp = current.added = ev.order
             self.journal.finish(p.seq, "done", "same ADD again", upsert=[current])
             self.metrics.apply_skips.inc()
             return
@@ -187,7 +187,7 @@ class Rules:
             pod_uid=pod.uid if pod and pod.uid else _target_pod_uid(target, ev), claim_namespace=target.claim_namespace,
             claim_name=target.claim_name, claim_uid=target.claim_uid, pool=target.pool, device=target.device,
             share_id=target.share_id, entry=entry, result_hash=result_hash(ev), event_ts=ev.timestamp,
-            stamp=ev.order, request=ev.request)
+            stamp=ev.order, request=ev.request, added=ev.order)
 
     def _shown_entry(self, target: Target, current: Attachment | None) -> dict[str, Any] | None:
         """The entry now published for the device (its Ready lastTransitionTime carries over)."""
@@ -199,7 +199,7 @@ class Rules:
             return None
         latest = same[0]
         for a in same[1:]:
-            if order_before(latest.stamp, a.stamp):
+            if order_before(latest.added, a.added):
                 latest = a
         return latest.entry
 
