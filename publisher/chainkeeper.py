@@ -161,10 +161,10 @@ class ChainKeeper:
             if other != primary and has_entry(other):
                 self.log.info("netclaim unchained from a conflist that is no longer primary",
                               extra={"conflist": other.name, "outcome": uninstall(other)})
-        for backup in self.cfg.conf_dir.glob("*" + BACKUP_SUFFIX):
-            target = backup.with_name(backup.name[: -len(BACKUP_SUFFIX)])
-            if not target.exists():  # its conflist was removed (Cilium's exclusive mode): nothing to restore
-                uninstall(target)
+        # The backup of a conflist that was removed (Cilium's exclusive mode moves foreign files
+        # away) is kept: when the file is moved back, still chained, its original bytes are what
+        # uninstall must give back. Backups are not network files (the runtime ignores them) and
+        # remove_everything() deletes every one of them.
         self._seen = snapshot(self.cfg.conf_dir)
         return True
 

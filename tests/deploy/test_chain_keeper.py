@@ -167,20 +167,22 @@ def test_half_written_conflist_is_left_alone_until_it_parses(node: Node, keeper,
 def test_cilium_style_exclusive_rewrite_is_rechained_into_the_new_primary(node: Node, keeper, tmp_root) -> None:
     cilium = {"cniVersion": "0.3.1", "name": "cilium", "plugins": [{"type": "cilium-cni", "enable-debug": False}]}
     node.write("05-cilium.conflist", cilium)
+    original = (node.net_d / "10-calico.conflist.netclaim.bak").read_bytes()
     os.rename(node.net_d / "10-calico.conflist", node.net_d / "10-calico.conflist.cilium_bak")
     wait(lambda: node.chained("05-cilium.conflist"), "chaining into the new primary", keeper, tmp_root)
     assert [p["type"] for p in node.doc("05-cilium.conflist")["plugins"]] == ["cilium-cni", "netclaim"]
     # Cilium restarts and writes its file again, without netclaim.
     node.write("05-cilium.conflist", cilium)
     wait(lambda: node.chained("05-cilium.conflist"), "re-chaining after Cilium's rewrite", keeper, tmp_root)
-    # Cilium goes away (its file with it): the original is back and primary again, no stale backup.
+    # Cilium goes away (its file with it): the original is back, still chained, and primary again.
     os.rename(node.net_d / "10-calico.conflist.cilium_bak", node.net_d / "10-calico.conflist")
     (node.net_d / "05-cilium.conflist").unlink()
-    wait(lambda: node.chained("10-calico.conflist") and not (node.net_d / "05-cilium.conflist.netclaim.bak").exists(),
-         "chaining back and dropping the backup of the removed conflist", keeper, tmp_root)
-    # The file came back chained: its backup is the file without the entry, never a chained one.
-    backup = json.loads((node.net_d / "10-calico.conflist.netclaim.bak").read_text())
-    assert backup == PRIMARY
+    wait(lambda: node.chained("10-calico.conflist") and not node.chained("05-cilium.conflist"),
+         "chaining back into the original", keeper, tmp_root)
+    # Its backup still holds the operator's original bytes (kept while the file was away), so
+    # uninstall gives back exactly those, not a re-rendered copy; never a backup that chains netclaim.
+    assert (node.net_d / "10-calico.conflist.netclaim.bak").read_bytes() == original
+    assert json.loads(original) == PRIMARY
 
 
 def test_sigterm_without_uninstall_keeps_the_node_chained(node: Node, keeper) -> None:
