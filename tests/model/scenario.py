@@ -177,8 +177,8 @@ class Scenario:
         self.h.sandboxes += 1
         index = self.h.sandboxes
         sb = Sandbox(index, alive[slot % len(alive)], s.name, s.uid, f"mc{uuid.uuid4().hex}", f"mdl-{uuid.uuid4().hex[:10]}")
+        self.sandboxes.append(sb)  # before create(): a half-made netns is still removed by cleanup()
         sb.create()
-        self.sandboxes.append(sb)
         self.log.append(f"sandbox {index}: pod {s.name} netns {sb.netns}")
 
     def _pod(self, sb: Sandbox) -> tuple[str, str, str]:
