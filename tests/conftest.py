@@ -10,7 +10,6 @@ otherwise the session starts it and stops it at the end.
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CONTROL_PLANE = REPO / "scripts" / "control-plane.sh"
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.append(str(REPO / "scripts"))  # appended: scripts/runtime never shadows a package
+
+from runtime.realcluster import parse_env  # noqa: E402  (one reader of `... env` exports)
 
 
 def _run_cp(*args: str, env: dict[str, str]) -> str:
@@ -83,15 +85,6 @@ class ControlPlane:
         _run_cp("apiserver-start", env=self.env)
 
 
-def _parse_env(text: str) -> dict[str, str]:
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("export "):
-            key, _, value = line[len("export "):].partition("=")
-            values[key] = shlex.split(value)[0] if value else ""
-    return values
-
-
 @pytest.fixture(scope="session")
 def control_plane() -> ControlPlane:
     env = dict(os.environ)
@@ -100,7 +93,7 @@ def control_plane() -> ControlPlane:
     already_up = status.returncode == 0 and "kube-apiserver: running" in status.stdout
     try:
         _run_cp("up", env=env)
-        values = _parse_env(_run_cp("env", env=env))
+        values = parse_env(_run_cp("env", env=env))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         pytest.fail(f"the real control plane could not start: {exc}", pytrace=False)
     cp = ControlPlane(
