@@ -11,19 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from cni_plugin.wire import Event
+from cni_plugin.wire import Event, take_overflow
 
 from . import logs
 from .journal import Journal
 from .report import Reporter
-
-
-def take_overflow(spool_dir: str) -> dict[str, Any] | None:
-    """The plugin's overflow marker, taken away atomically (cni_plugin/wire.py)."""
-    from cni_plugin import wire
-
-    taker = getattr(wire, "take_overflow", None)
-    return taker(spool_dir) if taker is not None else None
 
 
 class Intake:

@@ -337,11 +337,6 @@ class Journal:
             f = self._db.execute("SELECT COUNT(*) FROM fences").fetchone()[0]
         return t, f
 
-    def mark_dirty(self, claims: list[tuple[str, str]]) -> None:
-        with self._tx() as db:
-            for ns, name in claims:
-                db.execute("INSERT OR IGNORE INTO dirty(claim_namespace, claim_name) VALUES (?,?)", (ns, name))
-
     def dirty_claims(self, now: float | None = None) -> list[tuple[str, str, int]]:
         """(ns, name, attempts) of the claims to reconcile whose retry time has come (all with now=None)."""
         with self._lock:

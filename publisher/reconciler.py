@@ -98,12 +98,25 @@ def rechoose(att: Attachment, claim: dict[str, Any], bound: set[tuple[str, str, 
     return dataclasses.replace(att, pool=entry["pool"], device=entry["device"], share_id=share, entry=entry)
 
 
+def newest_sandbox(atts: list[Attachment]) -> Attachment:
+    """The attachment a device's one entry shows: the sandbox whose ADD is the latest.
+
+    By the ADD's stamp, not the latest event's: a CHECK of an older sandbox must
+    not make it the one shown (tests/model/test_regressions.py, finding F4).
+    """
+    latest = atts[0]
+    for att in atts[1:]:
+        if order_before(latest.added, att.added):
+            latest = att
+    return latest
+
+
 def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
          pod_alive: Callable[[Attachment], bool]) -> Desired:
     """Which attachments the claim's status shows, hides, or forgets (pure but for pod_alive)."""
     facts = claim_facts(claim)
     out = Desired()
-    latest: dict[tuple[str, str, str, str], Attachment] = {}
+    by_device: dict[tuple[str, str, str, str], list[Attachment]] = {}
     live: list[Attachment] = []
     homeless: list[Attachment] = []
     for att in atts:
@@ -129,10 +142,8 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
         if not pod_alive(att):
             out.dropped.append((att, f"pod {att.pod_namespace}/{att.pod_name} is gone"))
             continue
-        held = latest.get(att.device_key)
-        if held is None or order_before(held.added, att.added):  # the newest sandbox, not the newest event
-            latest[att.device_key] = att
-    out.shown = [latest[k] for k in sorted(latest)]
+        by_device.setdefault(att.device_key, []).append(att)
+    out.shown = [newest_sandbox(by_device[k]) for k in sorted(by_device)]
     out.entries = sort_entries([a.entry for a in out.shown])
     return out
 

@@ -31,7 +31,7 @@ from .journal import Attachment, Journal, Pending
 from .kube import PermanentError, TransientError
 from .limits import InvalidEntry
 from .mapper import map_event
-from .reconciler import Reconciler
+from .reconciler import Reconciler, newest_sandbox
 from .report import Reporter, event_fields
 from .resolver import NotYet, Resolver, Target, Unresolvable
 from .writer import backoff_delay
@@ -195,13 +195,7 @@ class Rules:
             return current.entry
         same = [a for a in self.journal.for_claim(target.claim_namespace, target.claim_name)
                 if a.device_key == target.device_key]
-        if not same:
-            return None
-        latest = same[0]
-        for a in same[1:]:
-            if order_before(latest.added, a.added):
-                latest = a
-        return latest.entry
+        return newest_sandbox(same).entry if same else None
 
     def _bound(self, ev: Event) -> Callable[[str], set[tuple[str, str, str, str]]]:
         """Devices other attachments of a claim hold (an older sandbox of this pod does not count)."""
