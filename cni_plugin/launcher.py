@@ -1,6 +1,9 @@
-"""Write the `netclaim` executable that the runtime finds in the CNI bin dir.
+"""Write a source-tree `netclaim` executable: the plugin run by a host Python.
 
-The plugin runs on every pod start, so its launcher starts Python with `-I -S`
+Nodes get the self-contained static plugin (scripts/build-plugin.sh, installed
+by scripts/install.sh); this launcher is for development, the source-level
+tests and the benchmark's comparison. The plugin runs on every pod start, so
+the launcher starts Python with `-I -S`
 (isolated: no PYTHON* env, no user site, no site.py, no .pth processing) and
 puts the directory that holds `cni_plugin` on sys.path itself. `-m cni_plugin`
 cannot work under -I -S because site-packages is never added. The shebang

@@ -4,8 +4,8 @@ containerd 1.6 takes a single CNI bin_dir, so the reference plugins are linked
 into a private one (it must hold `loopback`: containerd sets up lo itself with
 it). The chain is a plain bridge + host-local network on a bridge and subnet
 unique to this harness, so parallel runs on the same machine do not collide.
-netclaim is added the way users add it: by scripts/install.sh, which writes
-its launcher into the bin dir and appends it as the last plugin.
+netclaim is added the way users add it: by scripts/install.sh, which installs
+the static plugin into the bin dir and appends it as the last plugin.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def write_conflist(path: Path, conflist: dict) -> Path:
 
 @dataclass(frozen=True)
 class NetclaimInstall:
-    """Where scripts/install.sh should point the netclaim launcher."""
+    """What scripts/install.sh installs and how the netclaim entry is configured."""
 
     driver_name: str
     socket: Path

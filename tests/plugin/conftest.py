@@ -1,8 +1,9 @@
 """Fixtures for the netclaim CNI plugin tests.
 
 Real parts: network namespaces made with `ip netns`, the reference plugins
-`bridge` + `host-local` from the CNI bin dir, the plugin started through the
-same launcher the installer writes. The one double is `PublisherDouble`, a
+`bridge` + `host-local` from the CNI bin dir, the plugin's source started
+through cni_plugin/launcher.py (python -I -S); the installed static plugin
+is held to the same outputs by tests/bundle. The one double is `PublisherDouble`, a
 test stand-in for netclaim-publisher that speaks the real wire format.
 """
 
