@@ -1,0 +1,24 @@
+"""The publisher's two clocks, and which one each kind of time uses.
+
+Durations (backoff, retry times, resync intervals, resolve timeouts, pruning
+ages) use `node_seconds()`: CLOCK_BOOTTIME, which never steps when the wall
+clock is set (NTP, a bad RTC, a restored VM) and is shared by every process of
+one boot, so values stored in the journal stay comparable across a publisher
+restart. A value from another boot means nothing; the journal rebases those at
+start (a new boot id). `wall()` is for what people and the API read:
+timestamps in logs, status and Events.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def node_seconds() -> float:
+    """Seconds on CLOCK_BOOTTIME: monotonic within a boot, immune to wall-clock steps."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def wall() -> float:
+    """The wall clock: only for timestamps shown to people or written to the API."""
+    return time.time()
