@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from . import node_costs
 from .stats import percentile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,8 @@ CLASS = "netclaim-bench"
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 TARGETS = {"p99_ms": 150.0, "api_requests_per_add": 2.0, "identical_add_writes": 0,
-           "drain_ratio": 0.8, "rss_mib": 100.0, "idle_cpu_percent": 1.0}
+           "drain_ratio": 0.8, "rss_mib": 100.0, "idle_cpu_percent": 1.0,
+           "api_requests_per_ordinary_pod": 0, "warning_events_per_ordinary_pod": 0, "contended_p99_ratio": 2.0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="sandboxes per second")
     parser.add_argument("--queued", type=int, default=1000, help="events queued for the drain run")
     parser.add_argument("--workers", type=int, default=4, help="publisher --workers")
+    parser.add_argument("--ordinary", type=int, default=50, help="pods without a claim (ADD + DEL each)")
+    parser.add_argument("--contended", type=int, default=100, help="sandboxes handed over under IO pressure")
+    parser.add_argument("--contended-rate", type=float, default=10.0, help="sandboxes per second under IO pressure")
 
 
 def _progress(text: str) -> None:
@@ -197,11 +202,14 @@ class Bench:
 
     # -------------------------------------------------------- plugin
     def plugin_add(self, cid: str, pod: str, uid: str, i: int) -> tuple[float, float]:
+        return self.plugin_run("ADD", cid, pod, uid, i)
+
+    def plugin_run(self, command: str, cid: str, pod: str, uid: str, i: int) -> tuple[float, float]:
         conf = {"cniVersion": "1.1.0", "name": "benchnet", "type": "netclaim", "driverName": DRIVER,
                 "request": "nic", "socketPath": str(self.dir / "run" / "p.sock"), "spoolDir": str(self.dir / "spool"),
                 "stateDir": str(self.dir / "plugin-state"), "logFile": str(self.dir / "plugin.log"),
                 "prevResult": _result(i)}
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid,
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command, "CNI_CONTAINERID": cid,
                "CNI_NETNS": "/var/run/netns/bench", "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni",
                "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={self.ns};K8S_POD_NAME={pod};K8S_POD_UID={uid}"}
         t0 = time.time()
@@ -210,8 +218,11 @@ class Bench:
         out = subprocess.run([str(BIN / "netclaim")], input=json.dumps(conf), env=env, capture_output=True,
                              text=True, close_fds=False)
         if out.returncode != 0:
-            raise RuntimeError(f"plugin ADD failed: {out.stdout}")
+            raise RuntimeError(f"plugin {command} failed: {out.stdout}")
         return t0, time.time()
+
+    def wait_drained(self) -> float:
+        return _wait_drained(self)
 
 
 def _result(i: int) -> dict[str, Any]:
@@ -348,10 +359,13 @@ def _journal_received(bench: Bench) -> dict[str, float]:
 
     db = sqlite3.connect(str(bench.dir / "state" / "journal.db"))
     try:
-        rows = db.execute("SELECT container_id, MIN(received) FROM events WHERE op='ADD' GROUP BY container_id")
-        return dict(rows.fetchall())
+        rows = dict(db.execute("SELECT container_id, MIN(received) FROM events WHERE op='ADD' GROUP BY container_id"))
     finally:
         db.close()
+    # The journal keeps receipt times on the node's boot clock (durations must not step with the
+    # wall clock); the watcher reads the wall clock. Both are this machine's: shift by their offset.
+    shift = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return {cid: (t + shift if t < 1e9 else t) for cid, t in rows.items()}
 
 
 def _api(m: dict[str, float], verb: str = "") -> float:
@@ -413,17 +427,18 @@ def _bare_loop(bench: Bench, bodies: list[tuple[str, list[dict[str, Any]]]], man
     A field manager of its own makes each apply a real write (managedFields change)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def apply(item: tuple[str, list[dict[str, Any]]]) -> None:
-        claim, devs = item
-        bench.res.patch_namespaced_resource_claim_status(
-            claim, bench.ns, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                              "metadata": {"name": claim, "namespace": bench.ns}, "status": {"devices": devs}},
-            field_manager=manager, _content_type=APPLY, _preload_content=False)
-
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(apply, bodies))
+        list(pool.map(lambda item: _bare_apply(bench, item[0], item[1], manager), bodies))
     return time.time() - t0
+
+
+def _bare_apply(bench: Bench, claim: str, devs: list[dict[str, Any]], manager: str) -> None:
+    """One server-side apply of a claim's entries with a plain client: the bare reference."""
+    bench.res.patch_namespaced_resource_claim_status(
+        claim, bench.ns, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                          "metadata": {"name": claim, "namespace": bench.ns}, "status": {"devices": devs}},
+        field_manager=manager, _content_type=APPLY, _preload_content=False)
 
 
 def _idle_and_resync(bench: Bench, idle_s: float = 20.0) -> dict[str, Any]:
@@ -463,6 +478,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _progress(f"creating {args.sandboxes + args.queued} pods with allocated claims")
         lat_pods = bench.pods(0, args.sandboxes)
         drain_pods = bench.pods(args.sandboxes, args.queued)
+        cont_pods = bench.pods(args.sandboxes + args.queued, args.contended)
         bench.start()
         time.sleep(1)
         rss_idle = bench.rss_mib()
@@ -474,9 +490,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         drain = _drain(bench, drain_pods, args.sandboxes)
         _progress("idle CPU and resync cost")
         idle = _idle_and_resync(bench)
+        _progress(f"ordinary pods: {args.ordinary} without a claim")
+        ordinary = node_costs.ordinary_pods(bench, args.ordinary, _api)
+        _progress(f"IO pressure: {args.contended} sandboxes at {args.contended_rate}/s vs a bare apply loop")
+        contended = node_costs.contended(bench, cont_pods, args.contended_rate, _latency,
+                                         lambda claim, devs: _bare_apply(bench, claim, devs, "bench-bare-contended"))
     finally:
         bench.teardown()
-    figures = {"latency": latency, "drain": drain, "idle": idle, "targets": TARGETS, "cpus": os.cpu_count()}
+    figures = {"latency": latency, "drain": drain, "idle": idle, "ordinary": ordinary, "contended": contended,
+               "targets": TARGETS, "cpus": os.cpu_count()}
     _table(figures)
     return figures
 
@@ -504,6 +526,14 @@ def _table(f: dict[str, Any]) -> None:
         (f"RSS with {dr['tracked_attachments']} attachments (MiB)", dr["rss_mib"], "<= 100"),
         (f"idle CPU with {idle['idle_attachments']} attachments (% of a core)", idle["idle_cpu_percent"], "<= 1"),
         ("API requests per resync per claim", idle["api_requests_per_resync_per_claim"], ""),
+        (f"API requests per ordinary pod ({f['ordinary']['ordinary_pods']} pods, ADD+DEL)",
+         f["ordinary"]["api_requests_per_ordinary_pod"], "0"),
+        ("Warning Events per ordinary pod", f["ordinary"]["warning_events_per_ordinary_pod"], "0"),
+        ("IO pressure: hand-off-to-visible p50 / p99 (ms)",
+         f"{f['contended']['handoff_to_visible_ms']['p50']} / {f['contended']['handoff_to_visible_ms']['p99']}", ""),
+        ("IO pressure: bare apply p50 / p99 (ms)",
+         f"{f['contended']['bare_apply_ms']['p50']} / {f['contended']['bare_apply_ms']['p99']}", ""),
+        ("IO pressure: netclaim p99 / bare apply p99", f"{f['contended']['p99_ratio_vs_bare']}x", "<= 2x"),
     ]
     print(f"{'figure':<45} {'measured':>22}  target")
     for name, value, target in rows:
