@@ -154,17 +154,26 @@ def cmd_check(env: Env, conf: NetConf, log: Log) -> None:
 
 
 def _valid_attachments(raw: dict[str, Any]) -> list[dict[str, str]]:
+    """The runtime's still-valid attachments; none given means none are valid.
+
+    libcni (the library containerd and CRI-O use) sends `null` for an empty
+    list (a Go nil slice: the node has no sandbox left) and omits both keys
+    when called without GC arguments (its own cnitool does that to collect
+    everything, after DELing every cached attachment of the network). Both
+    mean the empty set; only a value of the wrong shape is a config error.
+    """
     for key in ("cni.dev/valid-attachments", "cni.dev/attachments"):
         if key in raw:
             value = raw[key]
+            if value is None:
+                return []
             if not isinstance(value, list) or not all(
                 isinstance(a, dict) and isinstance(a.get("containerID"), str) and isinstance(a.get("ifname"), str)
                 for a in value
             ):
                 raise config_error(key, "must be a list of {containerID, ifname}")
             return [{"containerID": a["containerID"], "ifname": a["ifname"]} for a in value]
-    # Without the list we cannot know what is stale; refusing beats deleting everything.
-    raise config_error("cni.dev/valid-attachments", "is required for GC")
+    return []
 
 
 def cmd_gc(env: Env, conf: NetConf, log: Log) -> None:
@@ -181,18 +190,22 @@ def cmd_gc(env: Env, conf: NetConf, log: Log) -> None:
 
 
 def cmd_status(env: Env, conf: NetConf, log: Log) -> None:
-    """Under failurePolicy Fail: not ready (50) when an ADD would fail now, i.e. the
-    publisher's socket does not accept a connection and the spool cannot take an
-    event (dir not creatable/writable, or at its cap). Under Ignore an ADD never
-    fails on the hand-off, so STATUS is always ready."""
+    """Under failurePolicy Fail: not ready (50) when an ADD would fail now, i.e.
+    root's publisher does not accept a connection on the socket and the spool
+    cannot take an event. The spool is checked the way ADD uses it, short of
+    writing an event (wire.spool_problem: open/create the dir safely, caps,
+    free space and inodes, a probe file). Under Ignore an ADD never fails on
+    the hand-off, so STATUS is always ready."""
     if conf.failure_policy != "Fail":
         return None
     if handoff.socket_accepts(conf.socket_path, conf.ack_timeout):
         return None
-    if wire.spool_has_room(conf.spool_dir, conf.spool_max_files, conf.spool_max_bytes):
+    problem = wire.spool_problem(conf.spool_dir, conf.spool_max_files, conf.spool_max_bytes)
+    if not problem:
         return None
+    log.error("STATUS: not ready", socketPath=conf.socket_path, spoolDir=conf.spool_dir, spoolError=problem)
     raise CNIError(NOT_AVAILABLE, "netclaim is not ready: the publisher socket refuses connections and the spool "
-                   "cannot take an event", f"socketPath={conf.socket_path} spoolDir={conf.spool_dir}")
+                   "cannot take an event", f"socketPath={conf.socket_path} spoolDir={conf.spool_dir}: {problem}")
 
 
 def cmd_version() -> dict[str, Any]:

@@ -18,7 +18,7 @@ from .errors import (
     CNIError,
     config_error,
 )
-from .jsonio import JSONError, loads
+from .jsonio import MAX_JSON_DEPTH, JSONError, loads, too_deep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -166,8 +166,24 @@ def parse_env(environ: Mapping[str, str]) -> Env:
 # ------------------------------------------------------------------ stdin
 
 
-def decode_stdin(data: bytes) -> dict[str, Any]:
-    """stdin must be one UTF-8 JSON object (error 6 otherwise)."""
+# What the plugin reads from stdin at most. A config, pod annotations in
+# runtimeConfig (the API caps them at 256 KiB) and a prevResult (the event cap
+# is 256 KiB) fit many times over; the bound keeps a runaway caller from
+# making a root process on the pod start path parse (and hold) megabytes.
+MAX_STDIN_BYTES = 4 << 20
+
+
+def decode_stdin(data: bytes, command: str = "") -> dict[str, Any]:
+    """stdin must be one UTF-8 JSON object, at most MAX_JSON_DEPTH deep (error 6 otherwise).
+
+    The depth limit is a limit of this decoder, like the size bound: the
+    document is refused before any field is read, for every verb alike (6,
+    not 7: nothing of the config was interpreted). One exception keeps DEL's
+    promise (docs/plugin.md): on DEL a too-deep prevResult alone is dropped,
+    since DEL can clean up without it and must not block the chain.
+    """
+    if len(data) > MAX_STDIN_BYTES:
+        raise CNIError(DECODING_FAILURE, f"stdin is larger than {MAX_STDIN_BYTES} bytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -178,6 +194,12 @@ def decode_stdin(data: bytes) -> dict[str, Any]:
         raise CNIError(DECODING_FAILURE, f"stdin is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise CNIError(DECODING_FAILURE, "stdin must be a JSON object (the network config)")
+    if too_deep(value, MAX_JSON_DEPTH):
+        if command == "DEL" and "prevResult" in value:
+            value["prevResult"] = None
+            if not too_deep(value, MAX_JSON_DEPTH):
+                return value
+        raise CNIError(DECODING_FAILURE, f"stdin is nested more than {MAX_JSON_DEPTH} levels deep")
     return value
 
 

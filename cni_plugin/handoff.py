@@ -6,16 +6,25 @@ The pod never waits on the API server, but the event must not be lost, so
 replays. `ackTimeoutMs` is ONE budget for connect + send + ack together: every
 socket call gets only what is left of it, so a publisher that trickles its
 reply cannot stretch RunPodSandbox by a timeout per call.
+
+The socket counts only when root serves it (SO_PEERCRED of the listener):
+an event sent to a socket someone else bound at the configured path would
+be lost (and leak pod details), so that is "publisher unavailable" and the
+event is spooled. An event over wire.MAX_EVENT_BYTES goes nowhere: under
+failurePolicy Fail it is a config error (7: the prevResult is too large for
+netclaim to report, and retrying cannot change that), under Ignore a logged drop.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import _socket
 
 from . import wire
-from .errors import TRY_AGAIN_LATER, CNIError
+from .errors import TRY_AGAIN_LATER, CNIError, config_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,6 +35,7 @@ ACKED = "acked"
 SPOOLED = "spooled"
 DROPPED = "dropped"  # spool at its cap: counted in the overflow marker
 LOST = "lost"
+TOO_LARGE = "too-large"  # over wire.MAX_EVENT_BYTES: refused on both channels
 
 
 class _Deadline:
@@ -54,27 +64,45 @@ class _Deadline:
         return self.sock.recv(n)
 
 
-def send(socket_path: str, event: wire.Event, timeout: float) -> str:
-    """Deliver over the unix socket within `timeout` seconds in all; returns the acked event id or raises."""
+_UCRED_SIZE = 12  # struct ucred: pid, uid, gid (three C ints)
+
+
+def check_peer(sock: _socket.socket, socket_path: str) -> None:
+    """PermissionError unless root (or this process's own uid) serves the socket."""
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _UCRED_SIZE)
+    uid = int.from_bytes(raw[4:8], sys.byteorder)
+    if uid not in (0, os.geteuid()):
+        raise PermissionError(1, f"{socket_path} is served by uid {uid}, not root: not the publisher")
+
+
+def send(socket_path: str, data: bytes | wire.Event, timeout: float) -> str:
+    """Deliver an event (or its wire.encode_event bytes) within `timeout` seconds in all.
+
+    Returns the acked event id or raises.
+    """
+    if isinstance(data, wire.Event):
+        data = wire.encode_event(data)
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         conn = _Deadline(sock, timeout)
         conn.connect(socket_path)
-        conn.sendall(wire.encode_frame(wire.event_request(event)))
+        check_peer(sock, socket_path)
+        conn.sendall(wire.event_frame(data))
         reply = wire.read_frame(conn)
     finally:
         sock.close()
     if reply.get("ok") is not True:
         raise wire.WireError(f"publisher rejected the event: {reply.get('error', 'no reason given')}")
-    return str(reply.get("id", event.event_id))
+    return str(reply.get("id", ""))
 
 
 def socket_accepts(socket_path: str, timeout: float) -> bool:
-    """Does something listen on the publisher socket? (connect, then close; no frame sent)."""
+    """Does root's publisher listen on the socket? (connect, check the peer, close; no frame sent)."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         sock.settimeout(timeout)
         sock.connect(socket_path)
+        check_peer(sock, socket_path)
         return True
     except (OSError, ValueError):
         return False
@@ -84,9 +112,18 @@ def socket_accepts(socket_path: str, timeout: float) -> bool:
 
 def deliver(event: wire.Event, conf: NetConf, log: Log, *, may_fail: bool) -> str:
     """ACKED, SPOOLED, or (only under failurePolicy Ignore, or when `may_fail`
-    is False, e.g. DEL, which must always succeed) DROPPED/LOST. Raises CNIError 11 otherwise."""
+    is False, e.g. DEL, which must always succeed) DROPPED/LOST/TOO_LARGE.
+    Raises CNIError otherwise: 7 for an event over the cap, 11 when neither
+    channel took it. 11, not 5: the cause is the node's state (publisher
+    down and spool full, read-only or unsafe), not this pod's input; it
+    clears when the publisher returns or space is freed, and the runtime
+    retries the sandbox. The errno text is in `details`."""
     try:
-        send(conf.socket_path, event, conf.ack_timeout)
+        data = wire.encode_event(event)
+    except wire.EventTooLarge as exc:
+        return _too_large(event, conf, log, str(exc), may_fail)
+    try:
+        send(conf.socket_path, data, conf.ack_timeout)
         return ACKED
     except (OSError, EOFError, wire.WireError) as exc:
         socket_error = f"{type(exc).__name__}: {exc}"
@@ -94,7 +131,7 @@ def deliver(event: wire.Event, conf: NetConf, log: Log, *, may_fail: bool) -> st
     try:
         if not conf.spool_dir:
             raise OSError(22, "no valid spoolDir")
-        path = wire.write_spool(conf.spool_dir, event, conf.spool_max_files, conf.spool_max_bytes)
+        path = wire.write_spool(conf.spool_dir, event, conf.spool_max_files, conf.spool_max_bytes, data=data)
         log.info("event spooled", op=event.op, eventID=event.event_id, spoolFile=path, socketError=socket_error)
         return SPOOLED
     except wire.SpoolFull as exc:
@@ -108,3 +145,12 @@ def deliver(event: wire.Event, conf: NetConf, log: Log, *, may_fail: bool) -> st
         raise CNIError(TRY_AGAIN_LATER, "cannot hand the event to netclaim-publisher (socket and spool both failed)",
                        f"socket: {socket_error}; spool: {spool_error}")
     return outcome
+
+
+def _too_large(event: wire.Event, conf: NetConf, log: Log, problem: str, may_fail: bool) -> str:
+    """An event over the cap is never handed off: a config error under Fail, a logged drop otherwise."""
+    log.error("event not handed off: too large", op=event.op, eventID=event.event_id, outcome=TOO_LARGE,
+              error=problem)
+    if may_fail and conf.failure_policy == "Fail":
+        raise config_error("prevResult", f"too large to report: {problem}")
+    return TOO_LARGE

@@ -25,6 +25,12 @@ except ImportError:  # pragma: no cover - CPython always ships it
 
 _WS = " \t\n\r"
 
+# How deep a document the plugin and the publisher accept (objects and arrays
+# nested). A CNI config with its prevResult is under 10 levels; the limit
+# keeps every later step (conversion, re-encoding, the publisher's mapping)
+# far from the interpreter's recursion limit, which a 700-level document hits.
+MAX_JSON_DEPTH = 64
+
 
 class JSONError(ValueError):
     """Input that is not one JSON document."""
@@ -93,6 +99,23 @@ def _slow_loads(text: str) -> object:
         raise JSONError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - the decoder must be total
         raise JSONError(f"undecodable JSON: {type(exc).__name__}") from None
+
+
+def too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Is `value` (decoded JSON) nested more than `limit` objects/arrays deep? Iterative: no recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def dumps(value: object) -> str:

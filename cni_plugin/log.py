@@ -17,11 +17,29 @@ def _timestamp(now: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
+def _open_log(path: str) -> int:
+    """Open the log for appending without following a link anywhere on its path.
+
+    The directory is opened like the spool's (safefs.open_dir: component by
+    component, root-owned, created 0750 when missing, never chmod-ed if it
+    exists); the file is created 0640 with O_NOFOLLOW relative to it.
+    """
+    from .safefs import open_dir
+
+    dfd = open_dir(os.path.dirname(path), 0o750)
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(os.path.basename(path), flags, 0o640, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
 class Log:
     def __init__(self, path: str | None = None) -> None:
         self.path = path
         self.fields: dict[str, object] = {}
         self._fd: int | None = None
+        self.unusable = ""  # why logFile could not be opened (the log then goes to stderr)
 
     def configure(self, path: str) -> None:
         self.path = path
@@ -35,11 +53,10 @@ class Log:
             self._fd = 2
             if self.path:
                 try:
-                    os.makedirs(os.path.dirname(self.path), mode=0o750, exist_ok=True)
-                    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                    self._fd = os.open(self.path, flags, 0o640)  # a planted symlink is not followed
-                except OSError:
+                    self._fd = _open_log(self.path)
+                except OSError as exc:
                     self._fd = 2
+                    self.unusable = f"{type(exc).__name__}: {exc}"
         return self._fd
 
     def write(self, level: str, event: str, **fields: object) -> None:
@@ -47,6 +64,8 @@ class Log:
         record = {"ts": _timestamp(now), "level": level, "event": event, "component": "netclaim-cni"}
         record.update(self.fields)
         record.update(fields)
+        if self._open() == 2 and self.unusable:
+            record["logFileError"] = self.unusable
         try:
             line = dumps(record)
         except (TypeError, ValueError):

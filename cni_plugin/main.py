@@ -17,6 +17,7 @@ import sys
 
 from .config import (
     LATEST_VERSION,
+    MAX_STDIN_BYTES,
     SUPPORTED_VERSIONS,
     cni_version_of,
     decode_stdin,
@@ -58,14 +59,14 @@ def run(environ: Mapping[str, str], stdin: IO[bytes], log: Log, reply: _Reply) -
     """Do the command; returns the document to print, or None."""
     env = parse_env(environ)
     try:
-        data = stdin.read()
+        data = stdin.read(MAX_STDIN_BYTES + 1)  # bounded: decode_stdin refuses more than the cap
     except OSError as exc:
         raise CNIError(IO_FAILURE, f"cannot read stdin: {exc}") from None
     if env.command == "VERSION":
         from .commands import cmd_version
 
         return cmd_version()
-    raw = decode_stdin(data)
+    raw = decode_stdin(data, env.command)
     reply.version = _reply_version(raw)
     if env.command == "DEL":
         return _run_del(env, raw, log)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from .jsonio import JSONError, dumps, loads
-from .wire import open_private_dir, write_file_at
+from .safefs import open_dir, open_private_dir, write_file_at
 
 SUFFIX = ".state.json"
 
@@ -23,7 +23,7 @@ def state_path(state_dir: str, network: str, container_id: str, ifname: str) -> 
 
 
 def save(path: str, data: dict) -> None:
-    """Atomic write into the 0700 state dir, never through a symlink (see wire.open_private_dir)."""
+    """Atomic write into the 0700 state dir, never through a symlink anywhere on its path (safefs)."""
     dfd = open_private_dir(os.path.dirname(path))
     try:
         write_file_at(dfd, os.path.basename(path), dumps(data).encode())
@@ -31,12 +31,23 @@ def save(path: str, data: dict) -> None:
         os.close(dfd)
 
 
+def _open_existing_dir(path: str) -> int:
+    """The state dir, opened like save() does but never created (OSError when missing or unsafe)."""
+    return open_dir(path, 0o700, create=False)
+
+
 def load(path: str) -> dict | None:
-    """The saved state, or None when there is none (or it is unreadable, or a symlink)."""
+    """The saved state, or None when there is none (or it is unreadable, a symlink, or under an unsafe path)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dfd = _open_existing_dir(os.path.dirname(path))
     except OSError:
         return None
+    try:
+        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
     try:
         data = loads(os.read(fd, 1 << 20).decode("utf-8", "replace"))
     except (OSError, JSONError):
@@ -48,16 +59,22 @@ def load(path: str) -> dict | None:
 
 def remove(path: str) -> None:
     try:
-        os.unlink(path)
+        dfd = _open_existing_dir(os.path.dirname(path))
+    except FileNotFoundError:
+        return
+    try:
+        os.unlink(os.path.basename(path), dir_fd=dfd)
     except FileNotFoundError:
         pass
+    finally:
+        os.close(dfd)
 
 
 def list_attachments(state_dir: str, network: str) -> list[tuple[str, str, str]]:
     """(containerID, ifname, path) of every state file of `network`."""
     try:
-        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # missing, not a directory, or a symlink: nothing of ours
+        fd = _open_existing_dir(state_dir)
+    except OSError:  # missing, not a directory, a symlink, or unsafe: nothing of ours
         return []
     try:
         names = os.listdir(fd)

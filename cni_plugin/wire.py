@@ -9,6 +9,12 @@ of UTF-8 JSON (an object). A peer that sends a frame larger than MAX_FRAME, or a
 frame that is not a JSON object, gets an error reply and the connection is
 closed. The same JSON object (one event) is what a spool file holds.
 
+One event is at most MAX_EVENT_BYTES encoded and MAX_JSON_DEPTH levels deep,
+whichever channel carries it: the plugin refuses to hand off a bigger one, the
+publisher's socket reads at most MAX_FRAME (that cap plus the request's
+envelope) and `read_spool` checks the file's size before reading it, so an
+oversized event is refused before anything parses it.
+
 Requests (client -> publisher):
     {"kind": "event", "event": {...Event...}}
     {"kind": "status"}
@@ -23,10 +29,31 @@ from __future__ import annotations
 import os
 import time
 
-from .jsonio import JSONError, dumps, loads
+from .jsonio import MAX_JSON_DEPTH, JSONError, dumps, loads, too_deep
+from .safefs import (
+    DIR_FLAGS as _DIR_FLAGS,
+    NEW_FILE,
+    TMP_SUFFIX,
+    open_private_dir,
+    read_at,
+    stale_temp,
+    temp_name,
+    write_all,
+    write_file_at,
+)
+from .record import REQUIRED as _REQUIRED
+from .record import Record as _Record
 
 PROTOCOL_VERSION = 1
-MAX_FRAME = 1 << 20  # 1 MiB: a CNI result is a few KiB; anything bigger is abuse
+# One event, encoded, on either channel. The API keeps at most ~10 KiB of it
+# (`data` <= 10240 bytes, 16 IPs); a real result - even 16 interfaces, 64 IPs
+# and hundreds of routes - is tens of KiB. 256 KiB leaves ample room for that
+# and bounds what one event costs the publisher to parse (a few MiB) and the
+# spool to hold (its 64 MiB default still fits 256 worst-case events).
+MAX_EVENT_BYTES = 256 << 10
+_ENVELOPE = 64  # {"kind":"event","event":...}
+MAX_FRAME = MAX_EVENT_BYTES + _ENVELOPE  # what the publisher reads from a client: one request
+MAX_REPLY_FRAME = 1 << 20  # replies (a status listing can be larger than one event)
 _HEADER_SIZE = 4
 
 OPS = ("ADD", "DEL", "CHECK", "GC")
@@ -38,51 +65,6 @@ SPOOL_SUFFIX = ".event.json"
 
 class WireError(ValueError):
     """A frame or event that does not follow this format."""
-
-
-class _Record:
-    """A small stand-in for @dataclass: declared fields, keyword init, eq, repr.
-
-    The plugin imports this module on every pod start. Measured here, importing
-    `dataclasses` costs ~35 ms and `typing` ~20 ms on a ~12 ms interpreter start,
-    which alone would break the plugin's start-up budget, so the wire records
-    declare their fields in FIELDS (name -> default) instead.
-    """
-
-    FIELDS: dict = {}
-    __slots__ = ()
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        names = list(self.FIELDS)
-        if len(args) > len(names):
-            raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional arguments")
-        values = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key not in self.FIELDS:
-                raise TypeError(f"{type(self).__name__} has no field {key!r}")
-            if key in values:
-                raise TypeError(f"{type(self).__name__} got {key!r} twice")
-            values[key] = value
-        for name, default in self.FIELDS.items():
-            if name not in values:
-                if default is _REQUIRED:
-                    raise TypeError(f"{type(self).__name__} needs field {name!r}")
-                values[name] = default
-            object.__setattr__(self, name, values[name])
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self.FIELDS)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like a dataclass
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.FIELDS)
-        return f"{type(self).__name__}({inner})"
-
-
-_REQUIRED = object()
 
 
 class PodRef(_Record):
@@ -219,6 +201,8 @@ class Event(_Record):
         """Build an Event from decoded JSON, rejecting anything malformed."""
         if not isinstance(data, dict):
             raise WireError("event must be a JSON object")
+        if too_deep(data, MAX_JSON_DEPTH):
+            raise WireError(f"event is nested more than {MAX_JSON_DEPTH} levels deep")
         unknown = sorted(set(data) - set(cls.FIELDS))
         if unknown:
             raise WireError(f"unknown event fields: {', '.join(unknown)}")
@@ -281,10 +265,28 @@ class Event(_Record):
 # ---------------------------------------------------------------- framing
 
 
-def encode_frame(message: dict) -> bytes:
+class EventTooLarge(WireError):
+    """An event over MAX_EVENT_BYTES: refused on both channels, never retried."""
+
+
+def encode_event(event: Event) -> bytes:
+    """The event as one JSON object (what a spool file holds); EventTooLarge over the cap."""
+    data = dumps(event.to_dict()).encode()
+    if len(data) > MAX_EVENT_BYTES:
+        raise EventTooLarge(f"event of {len(data)} bytes exceeds the {MAX_EVENT_BYTES}-byte event cap")
+    return data
+
+
+def event_frame(data: bytes) -> bytes:
+    """The request frame for an event already encoded by encode_event (no second encoding)."""
+    body = b'{"kind":"event","event":' + data + b"}"
+    return len(body).to_bytes(_HEADER_SIZE, "big") + body
+
+
+def encode_frame(message: dict, max_frame: int = MAX_REPLY_FRAME) -> bytes:
     body = dumps(message).encode()
-    if len(body) > MAX_FRAME:
-        raise WireError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
+    if len(body) > max_frame:
+        raise WireError(f"frame of {len(body)} bytes exceeds {max_frame}")
     return len(body).to_bytes(_HEADER_SIZE, "big") + body
 
 
@@ -299,11 +301,14 @@ def _recv_exact(sock: object, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_frame(sock: object, max_frame: int = MAX_FRAME) -> dict:
+def read_frame(sock: object, max_frame: int = MAX_REPLY_FRAME) -> dict:
     """Read one frame from a blocking socket.
 
     Raises WireError for an oversized, truncated or non-object frame and
-    EOFError when the peer closed cleanly before a new frame.
+    EOFError when the peer closed cleanly before a new frame. The length is
+    checked before the body is read: a server reading requests passes
+    MAX_FRAME (one event and its envelope); clients reading replies keep the
+    default.
     """
     first = sock.recv(_HEADER_SIZE)
     if not first:
@@ -338,63 +343,19 @@ def event_request(event: Event) -> dict:
 # The marker is updated under flock(2) on the spool directory itself, not on
 # the marker: the marker is replaced by rename, so a lock on it would guard
 # an inode that the next writer no longer opens, and counts would be lost.
-# The directory is opened with O_NOFOLLOW and chmod-ed through that fd only:
-# a symlink planted in its place is refused, never followed.
+# The directory is opened component by component without following links
+# (cni_plugin/safefs.py) and chmod-ed through that fd only. Temp files count
+# against the caps while their writer lives; those of dead writers are removed.
 
 DEFAULT_SPOOL_MAX_FILES = 1024
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 OVERFLOW_NAME = "overflow"
 _ENOSPC = 28
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_EFBIG = 27
 
 
 class SpoolFull(OSError):
     """The spool is at its cap: the event was counted in the overflow marker, not written."""
-
-
-def open_private_dir(path: str) -> int:
-    """Open (creating it 0700 if missing) a directory of the plugin's own; returns an fd.
-
-    The last component must be a real directory: a symlink there fails with
-    ELOOP instead of being followed, and the mode is fixed with fchmod on the
-    opened directory, so nothing is ever chmod-ed through a link.
-    """
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-    fd = os.open(path, _DIR_FLAGS)
-    try:
-        if os.fstat(fd).st_mode & 0o7777 != 0o700:
-            os.fchmod(fd, 0o700)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def write_file_at(dir_fd: int, name: str, data: bytes) -> None:
-    """Durably replace `name` in the directory: temp file, fsync, rename, fsync the dir."""
-    tmp = f"{name}.{os.getpid()}.tmp"
-    try:
-        os.unlink(tmp, dir_fd=dir_fd)  # left by a crashed run with our pid
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, _NEW_FILE, 0o600, dir_fd=dir_fd)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    os.fsync(dir_fd)
 
 
 def spool_name(event: Event) -> str:
@@ -403,26 +364,44 @@ def spool_name(event: Event) -> str:
 
 
 def spool_usage(dir_fd: int) -> tuple[int, int]:
-    """(event files, their bytes) in the spool directory."""
+    """(files, bytes) the spool holds: events plus temp files of live writers.
+
+    Temp files of dead writers (a plugin killed mid-write) are removed here,
+    so nothing leaks; those of live ones count, so concurrent writers cannot
+    hide bytes from the caps.
+    """
     count = size = 0
     with os.scandir(dir_fd) as entries:
         for entry in entries:
-            if entry.name.endswith(SPOOL_SUFFIX):
+            name = entry.name
+            if name.endswith(TMP_SUFFIX) and stale_temp(name):
+                try:
+                    os.unlink(name, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass
+                continue
+            if name.endswith(SPOOL_SUFFIX) or name.endswith(TMP_SUFFIX):
+                try:
+                    size += entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
                 count += 1
-                size += entry.stat(follow_symlinks=False).st_size
     return count, size
 
 
 def write_spool(spool_dir: str, event: Event, max_files: int = DEFAULT_SPOOL_MAX_FILES,
-                max_bytes: int = DEFAULT_SPOOL_MAX_BYTES) -> str:
+                max_bytes: int = DEFAULT_SPOOL_MAX_BYTES, data: bytes | None = None) -> str:
     """Write one event durably (0600 file in a 0700 dir); returns the final path.
 
-    Raises SpoolFull (after counting the drop in the overflow marker) when the
-    event would take the spool over `max_files` or `max_bytes`. The check and
-    the write are not one atomic step, so concurrent plugin runs can overshoot
-    the cap by at most their number.
+    `data` is the event as encode_event made it (encoded here when None).
+    Raises EventTooLarge over MAX_EVENT_BYTES, SpoolFull (after counting the
+    drop in the overflow marker) when the event would take the spool over
+    `max_files` or `max_bytes`, OSError when it cannot be written completely
+    (nothing is left behind then). The check and the write are not one atomic
+    step, so concurrent plugin runs can overshoot the cap by at most their number.
     """
-    data = dumps(event.to_dict()).encode()
+    if data is None:
+        data = encode_event(event)
     dfd = open_private_dir(spool_dir)
     try:
         count, size = spool_usage(dfd)
@@ -436,40 +415,70 @@ def write_spool(spool_dir: str, event: Event, max_files: int = DEFAULT_SPOOL_MAX
     return os.path.join(spool_dir, name)
 
 
-def spool_has_room(spool_dir: str, max_files: int = DEFAULT_SPOOL_MAX_FILES,
-                   max_bytes: int = DEFAULT_SPOOL_MAX_BYTES) -> bool:
-    """Could an event be spooled now? Cheap: no write, no fsync (STATUS uses it)."""
+def spool_problem(spool_dir: str, max_files: int = DEFAULT_SPOOL_MAX_FILES,
+                  max_bytes: int = DEFAULT_SPOOL_MAX_BYTES) -> str:
+    """Why an event could not be spooled now ("" when it could). STATUS uses it.
+
+    It does what write_spool does short of writing an event: opens (creates)
+    the directory the same way, checks the caps, checks that the file system
+    has room for the largest event and a free inode, and creates and removes
+    a probe file (which catches a read-only mount).
+    """
     try:
-        fd = os.open(spool_dir, _DIR_FLAGS)
-    except FileNotFoundError:
-        return _creatable(spool_dir)
-    except OSError:
-        return False
+        dfd = open_private_dir(spool_dir)
+    except OSError as exc:
+        return f"spool dir: {type(exc).__name__}: {exc}"
     try:
-        if not os.access(spool_dir, os.W_OK | os.X_OK):
-            return False
-        count, size = spool_usage(fd)
-    except OSError:
-        return False
+        count, size = spool_usage(dfd)
+        if count + 1 > max_files or size >= max_bytes:
+            return f"spool is full ({count} files, {size} bytes; caps {max_files}, {max_bytes})"
+        fs = os.fstatvfs(dfd)
+        if fs.f_bavail * fs.f_frsize < MAX_EVENT_BYTES or fs.f_favail == 0:
+            return (f"spool file system is full ({fs.f_bavail * fs.f_frsize} bytes, {fs.f_favail} inodes free; "
+                    f"an event needs up to {MAX_EVENT_BYTES} bytes)")
+        _probe(dfd)
+    except OSError as exc:
+        return f"spool: {type(exc).__name__}: {exc}"
+    finally:
+        os.close(dfd)
+    return ""
+
+
+def _probe(dir_fd: int) -> None:
+    """Create, write and remove a temp file (a dead prober's is cleaned like any temp file)."""
+    name = temp_name(".probe")
+    fd = os.open(name, NEW_FILE, 0o600, dir_fd=dir_fd)
+    try:
+        write_all(fd, b"{}")
     finally:
         os.close(fd)
-    return count < max_files and size < max_bytes
-
-
-def _creatable(path: str) -> bool:
-    """True when the nearest existing ancestor of `path` is a writable directory."""
-    while path and path != "/":
-        path = os.path.dirname(path)
-        if os.path.isdir(path):
-            return os.access(path, os.W_OK | os.X_OK)
-        if os.path.lexists(path):
-            return False
-    return os.access("/", os.W_OK | os.X_OK)
+        os.unlink(name, dir_fd=dir_fd)
 
 
 def read_spool(path: str) -> Event:
-    with open(path, "rb") as fh:
-        return Event.from_dict(decode_body(fh.read()))
+    """One spooled event; WireError (the publisher quarantines the file) when it is not one.
+
+    The size is checked with fstat before anything is read, so a huge file
+    costs no memory; the depth is checked by Event.from_dict.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if st.st_size > MAX_EVENT_BYTES:
+            raise EventTooLarge(f"spool file of {st.st_size} bytes exceeds the {MAX_EVENT_BYTES}-byte event cap")
+        chunks = []
+        left = MAX_EVENT_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    if left <= 0:
+        raise EventTooLarge(f"spool file grew past the {MAX_EVENT_BYTES}-byte event cap while read")
+    return Event.from_dict(decode_body(b"".join(chunks)))
 
 
 def list_spool(spool_dir: str) -> list[str]:
@@ -488,7 +497,7 @@ def record_overflow(dir_fd: int, command: str) -> dict:
     fcntl.flock(dir_fd, fcntl.LOCK_EX)
     try:
         try:
-            current = _parse_overflow(_read_at(dir_fd, OVERFLOW_NAME)) or {}
+            current = _parse_overflow(read_at(dir_fd, OVERFLOW_NAME, _MARKER_LIMIT)) or {}
         except FileNotFoundError:
             current = {}
         now = time.time()
@@ -500,17 +509,7 @@ def record_overflow(dir_fd: int, command: str) -> dict:
     return marker
 
 
-def _read_at(dir_fd: int, name: str) -> bytes:
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
+_MARKER_LIMIT = 4096  # the marker is ~120 bytes; anything bigger is not ours
 
 
 def _parse_overflow(data: bytes) -> dict | None:
@@ -538,7 +537,7 @@ def read_overflow(spool_dir: str) -> dict | None:
     except OSError:
         return None
     try:
-        return _parse_overflow(_read_at(fd, OVERFLOW_NAME))
+        return _parse_overflow(read_at(fd, OVERFLOW_NAME, _MARKER_LIMIT))
     except OSError:
         return None
     finally:
@@ -567,7 +566,7 @@ def take_overflow(spool_dir: str) -> dict | None:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         try:
-            return _parse_overflow(_read_at(fd, taken))
+            return _parse_overflow(read_at(fd, taken, _MARKER_LIMIT))
         finally:
             os.unlink(taken, dir_fd=fd)
     finally:
@@ -578,12 +577,18 @@ __all__ = [
     "DEFAULT_SOCKET",
     "DEFAULT_SPOOL_DIR",
     "Event",
+    "EventTooLarge",
+    "MAX_EVENT_BYTES",
     "MAX_FRAME",
+    "MAX_JSON_DEPTH",
+    "MAX_REPLY_FRAME",
     "OPS",
     "PodRef",
     "WireError",
     "decode_body",
+    "encode_event",
     "encode_frame",
+    "event_frame",
     "event_request",
     "legacy_order",
     "new_order",
@@ -593,7 +598,7 @@ __all__ = [
     "read_frame",
     "read_overflow",
     "read_spool",
-    "spool_has_room",
+    "spool_problem",
     "take_overflow",
     "write_spool",
 ]

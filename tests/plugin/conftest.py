@@ -245,3 +245,52 @@ def publisher(dirs: Dirs) -> PublisherDouble:
         yield pub
     finally:
         pub.close()
+
+
+# ------------------------------------------------------------------ real file systems and a real unprivileged uid
+
+
+@dataclass
+class Tmpfs:
+    """A real tmpfs of a few KiB mounted for one test (ENOSPC, read-only remounts)."""
+
+    path: Path
+
+    def free(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def fill(self, leave: int = 0) -> None:
+        """Write a filler file until only `leave` bytes (whole pages) are free."""
+        with open(self.path / "filler", "ab") as fh:
+            size = self.free() - leave
+            if size > 0:
+                fh.write(b"\0" * size)
+        assert self.free() == leave, (self.free(), leave)
+
+    def remount_read_only(self) -> None:
+        subprocess.run(["mount", "-o", "remount,ro", str(self.path)], check=True)
+
+
+@pytest.fixture
+def tmpfs_factory():
+    """mount(8) a tmpfs of `size` on a fresh root-owned directory; unmounted at teardown."""
+    mounted: list[Path] = []
+
+    def make(size: str = "64k") -> Tmpfs:
+        path = Path(tempfile.mkdtemp(prefix="ncfs-"))
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "netclaim-test", str(path)],
+                       check=True)
+        mounted.append(path)
+        return Tmpfs(path)
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def as_nobody(*argv: str, **kwargs: object) -> subprocess.CompletedProcess:
+    """Run a command as the real unprivileged user `nobody` (not a mock: setuid by the kernel)."""
+    return subprocess.run(list(argv), user="nobody", group="nogroup", extra_groups=[], check=True,
+                          capture_output=True, text=True, timeout=60, **kwargs)

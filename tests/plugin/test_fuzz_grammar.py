@@ -300,7 +300,7 @@ def case_field(rng: random.Random) -> Case:
     pool += [(f, v) for f, values in BAD_VALUES.items() for v in values]
     if command == "GC":
         pool += [("cni.dev/valid-attachments", v) for v in ("x", 1, {}, [1], [{"containerID": 1, "ifname": "a"}],
-                                                             [{"containerID": "a"}], None)]
+                                                             [{"containerID": "a"}])]
     name, value = rng.choice(pool)
     if name == "prevResult" and command in ("DEL", "GC", "STATUS") and isinstance(value, dict):
         value = []  # only ADD/CHECK look inside prevResult; a non-object is refused by every verb

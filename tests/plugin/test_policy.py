@@ -278,12 +278,12 @@ def test_status_with_invalid_config(plugin_exe: str, dirs: Dirs, extra: dict, po
 @pytest.mark.parametrize("command,extra,env,code", [
     ("CHECK", {"cniVersion": "0.3.1"}, {}, 1),
     ("GC", {"cniVersion": "1.0.0"}, {}, 1),
-    ("GC", {}, {}, 7),  # no cni.dev/valid-attachments
+    ("GC", {"cni.dev/valid-attachments": {}}, {}, 7),  # not a list (null or absent: none valid)
     ("ADD", {"interface": {"mtu": 1400}}, {"netns": "/run/netns/ncpl-none"}, 3),
     ("ADD", {}, {"ifname": "a b"}, 4),
     ("STATUS", {}, {"container_id": "bad/id"}, 4),
     ("GC", {"cni.dev/valid-attachments": []}, {"ifname": "x" * 16}, 4),
-], ids=["check-predates", "gc-predates", "gc-no-attachments", "add-netns-unknown", "add-bad-ifname",
+], ids=["check-predates", "gc-predates", "gc-attachments-not-a-list", "add-netns-unknown", "add-bad-ifname",
         "status-bad-containerid", "gc-long-ifname"])
 def test_protocol_errors_keep_their_spec_code(plugin_exe: str, dirs: Dirs, command: str, extra: dict, env: dict,
                                               code: int) -> None:

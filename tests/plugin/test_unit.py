@@ -230,9 +230,13 @@ def test_status_ready_with_writable_spool_and_50_without_under_fail(tmp_path) ->
         assert call("STATUS", dict(bad, socketPath=str(tmp_path / "pub.sock")))[0] == 0
 
 
-def test_gc_without_attachment_list_refuses(tmp_path) -> None:
-    conf = base(cniVersion="1.1.0", stateDir=str(tmp_path), logFile=str(tmp_path / "log"))
-    rc, out = call("GC", conf)
+def test_gc_without_attachment_list_means_none_are_valid(tmp_path) -> None:
+    """libcni omits the list when called without GC args (cnitool) and sends null for an empty one."""
+    conf = base(cniVersion="1.1.0", stateDir=str(tmp_path), logFile=str(tmp_path / "log"),
+                spoolDir=str(tmp_path / "spool"), socketPath=str(tmp_path / "none.sock"))
+    assert call("GC", conf) == (0, "")
+    assert call("GC", dict(conf, **{"cni.dev/valid-attachments": None, "cni.dev/attachments": None})) == (0, "")
+    rc, out = call("GC", dict(conf, **{"cni.dev/valid-attachments": "all"}))
     assert rc == 1 and json.loads(out)["code"] == 7 and "valid-attachments" in json.loads(out)["msg"]
 
 
