@@ -127,7 +127,8 @@ def invalid_text(value: Any, where: str = "entry") -> list[str]:
     if isinstance(value, str):
         return [f"{where} has a lone surrogate (not valid UTF-8)"] if _SURROGATE.search(value) else []
     if isinstance(value, dict):
-        return [e for k, v in value.items() for e in invalid_text(k, f"{where} key") + invalid_text(v, f"{where}.{valid_text(k)}")]
+        return [e for k, v in value.items()
+                for e in invalid_text(k, f"{where} key") + invalid_text(v, f"{where}.{valid_text(k)}")]
     if isinstance(value, list):
         return [e for i, v in enumerate(value) for e in invalid_text(v, f"{where}[{i}]")]
     return []

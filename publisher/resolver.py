@@ -248,8 +248,13 @@ class Resolver:
         ref = event.pod
         namespace, name, uid = ref.namespace, ref.name, ref.uid
         if self.pods is not None:
-            info = self.pods.wait_for(namespace, name, uid, watch_wait(event)) or self.pods.gone(namespace, name, uid)
-            if info is not None and _claim_names(info, f"{namespace}/{name}"):
+            gone = self.pods.gone(namespace, name, uid) if uid else None  # that very pod is gone: no wait
+            info = None if gone else self.pods.wait_for(namespace, name, uid, watch_wait(event))
+            if info is None:  # a pod the watch saw deleted only answers "no claim": never resolve a gone pod
+                gone = gone or self.pods.gone(namespace, name, uid)
+                if gone is not None and gone.claimless:
+                    raise NotOurs(f"pod {namespace}/{name} had no ResourceClaim (deleted)")
+            elif _claim_names(info, f"{namespace}/{name}"):
                 return info.uid, list(info.claims)
         try:
             pod = self.kube.get_pod(namespace, name)
@@ -270,9 +275,8 @@ class Resolver:
         a DEL asks this to know that no late ADD of the pod could ever publish."""
         if self.pods is None or not event.has_pod_identity:
             return False
-        ref = event.pod
-        info = self.pods.wait_for(ref.namespace, ref.name, ref.uid, 0) or self.pods.gone(ref.namespace, ref.name,
-                                                                                        ref.uid)
+        ns, name, uid = event.pod.namespace, event.pod.name, event.pod.uid
+        info = self.pods.wait_for(ns, name, uid, 0) or self.pods.gone(ns, name, uid)
         return info is not None and info.claimless
 
     def resolve(self, event: Event, bound_for_claim: Any) -> Target:

@@ -99,9 +99,11 @@ def test_issue16_item11_ordinary_pods_cost_nothing(cluster: Cluster, publisher_f
     before = publisher.metrics()
     gets = api_gets(publisher)
     pods = [(f"plain-{i}", "c" + suffix()) for i in range(ORDINARY_PODS)]
-    for name, cid in pods:
+    for i, (name, cid) in enumerate(pods):
         pod = PodRef(cluster.namespace, name, cluster.pod(name, []))
         add(plugin, cid, pod)
+        if i % 2:  # the DEL of a pod already deleted: the watch remembers what it was
+            cluster.core.delete_namespaced_pod(name, cluster.namespace, grace_period_seconds=0)
         out = plugin.run("DEL", cid, pod, None)
         assert out.returncode == 0, f"plugin DEL failed: {out.stdout} {out.stderr}"
     ignored = 'netclaim_events_ignored_total{reason="no_claim"}'
