@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,6 +57,22 @@ class Forbidden(TransientError):
 class Unauthorized(TransientError):
     """401: the credentials expired or rotated. Transient: they are re-read and the
     request retried with backoff; no event is dropped because of it."""
+
+
+_NOT_RAW = re.compile("[\x7f-\uffff]")  # sent escaped: every BMP character past ASCII
+
+
+def apply_body(body: dict[str, Any]) -> bytes:
+    """JSON that the API server's YAML decoder reads back as the same text (an apply body is YAML).
+
+    The client library's ASCII JSON writes a character beyond U+FFFF as a surrogate-pair
+    escape ("\\ud83d\\ude00"), which that decoder refuses (400 "invalid Unicode
+    character escape code"): one such character in a prevResult would fail the whole
+    claim's apply. So those go as raw UTF-8, and every other non-ASCII character as a
+    \\uXXXX escape: raw, some would be read as YAML line breaks (U+0085, U+2028).
+    """
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return _NOT_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
 
 
 def _api_message(body: Any) -> str:
@@ -326,7 +343,7 @@ class Kube:
         }
         resp = self._request(
             "apply", "PATCH", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status",
-            query=[("fieldManager", field_manager), ("force", "false")], body=body,
+            query=[("fieldManager", field_manager), ("force", "false")], body=apply_body(body),
             content_type=APPLY_CONTENT_TYPE)
         resp.read()  # the answer is the whole claim; nothing in it is needed
 

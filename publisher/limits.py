@@ -34,6 +34,8 @@ CREDENTIALS_RELOAD = 60.0  # seconds between re-reads of the kubeconfig / projec
 UNAUTHORIZED_NOT_READY = 3  # consecutive 401s after which /readyz says not ready
 API_DOWN_NOT_READY = 60.0  # seconds without any API answer after which /readyz says not ready
 WORKER_RESTART_DELAY = 1.0  # seconds before a crashed worker thread is started again
+POD_WATCH_GRACE = 2.0  # seconds after an event was stamped that its pod may still be on its way in the watch
+MAX_GONE_PODS = 4096  # deleted pods the pod watch remembers (a late DEL still knows what its pod was)
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -98,8 +100,53 @@ def canonical_cidr(value: str) -> str:
     return f"{ip4.ip}/{ip4.network.prefixlen}"
 
 
+# Text the API cannot take: a lone UTF-16 surrogate has no UTF-8 form (Python's JSON
+# decoder turns a "\ud800" escape on the plugin's stdin into one), and the API server's
+# YAML decoder refuses the escape with 400, failing the whole apply of the claim.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def valid_text(value: Any) -> Any:
+    """`value` with every string (keys too) valid UTF-8: lone surrogates become U+FFFD.
+
+    Measured on kube-apiserver 1.37: other odd text (NUL and control characters,
+    U+FFFE/U+FFFF, a BOM, U+2028) is stored as sent, so only surrogates are replaced.
+    """
+    if isinstance(value, str):
+        return _SURROGATE.sub(REPLACEMENT, value)
+    if isinstance(value, dict):
+        return {valid_text(k): valid_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [valid_text(v) for v in value]
+    return value
+
+
+def invalid_text(value: Any, where: str = "entry") -> list[str]:
+    """Where `value` still holds text the API cannot take (see valid_text)."""
+    if isinstance(value, str):
+        return [f"{where} has a lone surrogate (not valid UTF-8)"] if _SURROGATE.search(value) else []
+    if isinstance(value, dict):
+        return [e for k, v in value.items()
+                for e in invalid_text(k, f"{where} key") + invalid_text(v, f"{where}.{valid_text(k)}")]
+    if isinstance(value, list):
+        return [e for i, v in enumerate(value) for e in invalid_text(v, f"{where}[{i}]")]
+    return []
+
+
+# What the API server's JSON encoder writes longer than Python's UTF-8 JSON does: it
+# escapes <, > and & (6 bytes instead of 1), U+2028/U+2029 (6 instead of 3) and writes
+# \b and \f as \u0008/\u000c (6 instead of 2). An escaped backslash is matched first so
+# that its second half is never read as the start of an escape.
+_GO_LONGER = re.compile(r"\\\\|\\[bf]|[<>&\u2028\u2029]")
+_GO_EXTRA = {"<": 5, ">": 5, "&": 5, "\u2028": 3, "\u2029": 3, "\\b": 4, "\\f": 4}
+
+
 def data_size(data: Any) -> int:
-    return len(json.dumps(data, separators=(",", ":")).encode())
+    """Bytes of `data` as the API server measures it (its own compact JSON, raw UTF-8)."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    extra = sum(_GO_EXTRA.get(token, 0) for token in _GO_LONGER.findall(text))
+    return len(text.encode("utf-8", "surrogatepass")) + extra
 
 
 def _check_condition(cond: dict[str, Any], where: str) -> list[str]:
@@ -142,6 +189,7 @@ def check_entry(entry: dict[str, Any]) -> list[str]:
             errors.append("data must be a JSON object")
         elif data_size(entry["data"]) > MAX_DATA_BYTES:
             errors.append(f"data is {data_size(entry['data'])} bytes, at most {MAX_DATA_BYTES} allowed")
+    errors += invalid_text(entry)
     net = entry.get("networkData") or {}
     if len(net.get("interfaceName", "").encode()) > MAX_INTERFACE_NAME:
         errors.append(f"networkData.interfaceName is longer than {MAX_INTERFACE_NAME} bytes")

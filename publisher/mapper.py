@@ -4,11 +4,15 @@ The rules are docs/design.md "Mapping a CNI result to a device status": the pod-
 interface named CNI_IFNAME, its canonical IPs, its MAC, the CNI result in
 `data` (trimmed in a fixed order to fit 10 KiB) and a `Ready` condition whose
 lastTransitionTime moves only when its status changes.
+
+Every string of the entry is made valid text first (limits.valid_text: a lone
+surrogate from a prevResult becomes U+FFFD), before `data` is measured: the API
+server refuses the whole apply of a claim over one such string, which would
+keep every other entry of that claim unpublished.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,15 +123,15 @@ def _strip_sandbox(interfaces: list[Any]) -> list[Any]:
 def build_data(event: Event, index: int | None) -> dict[str, Any]:
     """The CNI result plus network and containerID, trimmed to the API's 10 KiB."""
     result = event.result or {}
-    data: dict[str, Any] = {
+    data: dict[str, Any] = limits.valid_text({  # valid_text copies: the event's result stays as received
         "cniVersion": result.get("cniVersion", event.cni_version),
         "network": event.network,
         "containerID": event.container_id,
-        "interfaces": _strip_sandbox(copy.deepcopy(result.get("interfaces") or [])),
-        "ips": copy.deepcopy(result.get("ips") or []),
-        "routes": copy.deepcopy(result.get("routes") or []),
-        "dns": copy.deepcopy(result.get("dns") or {}),
-    }
+        "interfaces": _strip_sandbox(result.get("interfaces") or []),
+        "ips": result.get("ips") or [],
+        "routes": result.get("routes") or [],
+        "dns": result.get("dns") or {},
+    })
     trimmed: list[str] = []
     for step in TRIM_ORDER:
         if limits.data_size(data) <= limits.MAX_DATA_BYTES - 64:
@@ -198,5 +202,6 @@ def map_event(
         data=data,
         share_id=share_id,
     ).to_api()
+    entry = limits.valid_text(entry)  # the interface name, MAC and condition message come from the event too
     limits.validate_entry(entry)
     return entry

@@ -70,6 +70,11 @@ class Metrics:
         self.unauthorized = Gauge("netclaim_api_unauthorized_consecutive", "Consecutive 401 answers "
                                   "(credentials rejected); /readyz fails past a threshold", registry=r)
         self.ready = Gauge("netclaim_ready", "1 when /readyz answers ready", registry=r)
+        # Events finished without anything to publish and without being a failure (publisher/report.py
+        # `ignored`): no_claim = the pod has no claim that can be the driver's (most pods on a node).
+        self.events_ignored = Counter(
+            "netclaim_events_ignored_total", "Events that need no publishing and are no failure, by reason",
+            ["reason"], registry=r)
 
     def watch_backlog(self, spool_dir: str, oldest_journaled: Callable[[], float | None]) -> None:
         """Compute the spool depth and oldest-pending age at scrape time.

@@ -3,30 +3,29 @@
 The kubelet learned about the pod from the API before it asked the runtime for
 a sandbox, so by the time an ADD arrives the pod is almost always in this cache
 already. Only the fields resolution needs are kept (UID, claim names), which
-keeps memory flat with many pods. A miss (or a UID that differs) falls back to
-a GET, so the cache can only save requests, never change an answer.
+keeps memory flat with many pods. A miss (or a UID that differs) waits a
+moment for the watch (`wait_for`, woken by the watch itself) and then falls
+back to a GET, so the cache can only save requests, never change an answer.
+
+Most pods on a node have no claim at all (netclaim runs for every pod of the
+primary network), so the cache also says whether a pod declares any claim
+(`PodInfo.declares_claims`): one that does not can never be this driver's, and
+its ADD and DEL cost no request at all (docs/design.md "Finding the claim and
+device"). Pods the watch saw deleted are remembered for a while (bounded,
+limits.MAX_GONE_PODS), so a DEL that arrives after its pod is gone still knows
+what that pod was.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from collections import OrderedDict
 from typing import Any
 
-from . import logs
+from . import limits, logs
 from .kube import ApiError, Kube, NotFound
-from .resolver import pod_claim_names
-
-
-@dataclass(frozen=True)
-class PodInfo:
-    uid: str
-    claims: tuple[str, ...]
-
-
-def pod_info(pod: dict[str, Any]) -> PodInfo:
-    return PodInfo((pod.get("metadata") or {}).get("uid", ""), tuple(pod_claim_names(pod)))
+from .resolver import PodInfo, pod_info
 
 
 class PodCache:
@@ -36,7 +35,9 @@ class PodCache:
         self.stopping = stopping
         self.log = logs.get()
         self._pods: dict[tuple[str, str], PodInfo] = {}
+        self._gone: OrderedDict[tuple[str, str], PodInfo] = OrderedDict()  # seen deleted, newest last
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified on every change: wakes wait_for
         self.synced = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
 
@@ -47,9 +48,41 @@ class PodCache:
         with self._lock:
             return self._pods.get((namespace, name))
 
-    def put(self, namespace: str, name: str, info: PodInfo) -> None:
+    def wait_for(self, namespace: str, name: str, uid: str, timeout: float) -> PodInfo | None:
+        """The pod (with this UID, when given), waiting up to `timeout` s for the watch to show it.
+
+        The kubelet saw the pod before the runtime ran the plugin, so the watch
+        delivers it within moments; waiting for it here spares the GET.
+        """
+        def found() -> PodInfo | None:
+            info = self._pods.get((namespace, name))
+            return info if info is not None and (not uid or info.uid == uid) else None
+
+        with self._changed:
+            if timeout > 0:
+                self._changed.wait_for(found, timeout)
+            return found()
+
+    def gone(self, namespace: str, name: str, uid: str) -> PodInfo | None:
+        """The pod as it was when the watch saw it deleted (same UID when given), if remembered."""
         with self._lock:
+            info = self._gone.get((namespace, name))
+        return info if info is not None and (not uid or info.uid == uid) else None
+
+    def put(self, namespace: str, name: str, info: PodInfo) -> None:
+        with self._changed:
             self._pods[(namespace, name)] = info
+            self._changed.notify_all()
+
+    def _deleted(self, key: tuple[str, str]) -> None:
+        """Move a deleted pod to the bounded gone list (the caller holds the lock)."""
+        info = self._pods.pop(key, None)
+        if info is None:
+            return
+        self._gone.pop(key, None)
+        self._gone[key] = info
+        while len(self._gone) > limits.MAX_GONE_PODS:
+            self._gone.popitem(last=False)
 
     def remember(self, pod: dict[str, Any]) -> None:
         """A pod read with a GET: the reconciler then finds it without another request."""
@@ -104,8 +137,11 @@ class PodCache:
             del page
             if not cont:
                 break
-        with self._lock:
+        with self._changed:
+            for key in [k for k in self._pods if k not in pods]:  # deleted while the watch was down
+                self._deleted(key)
             self._pods = pods
+            self._changed.notify_all()
         self.synced.set()
         return meta.get("resourceVersion", "")
 
@@ -129,11 +165,12 @@ class PodCache:
                     if kind == "BOOKMARK":
                         continue
                     key = (meta.get("namespace", ""), meta.get("name", ""))
-                    with self._lock:
+                    with self._changed:
                         if kind == "DELETED":
-                            self._pods.pop(key, None)
+                            self._deleted(key)
                         else:
                             self._pods[key] = pod_info(obj)
+                        self._changed.notify_all()
                 if self.stopping.is_set():
                     break
         finally:

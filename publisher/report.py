@@ -49,6 +49,12 @@ class Reporter:
         self.last_error = {"time": time.time(), "error": error, "claim": claim,
                            "containerID": event.container_id if event else "", "op": event.op if event else ""}
 
+    def ignored(self, event: Event, reason: str, why: str) -> None:
+        """An event with nothing to publish that is no failure (a pod without a claim of the
+        driver): one counter and a debug line, never the last error, a failed event or a Warning."""
+        self.metrics.events_ignored.labels(reason).inc()
+        self.log.debug("event needs no publishing", extra={"reason": reason, "why": why, **event_fields(event)})
+
     def claim_state(self, key: str, state: str, error: str = "", devices: list[str] | None = None) -> None:
         with self._lock:
             cs = self._claims.setdefault(key, ClaimState())

@@ -8,6 +8,11 @@ device (choose_device, docs/publisher.md "Finding the claim and the device").
 A claim allocated to another node is skipped with a reason, never hiding a
 matching claim later in the pod's list. Anything still ambiguous is an error,
 never a guess: a wrong guess would publish one pod's addresses on another device.
+
+netclaim runs for every pod of its network, and most pods have no claim at
+all. Such a pod is not a failure: NotOurs tells it apart (no request for a pod
+without spec.resourceClaims, found in the node's pod watch), and the rules
+finish its events quietly.
 """
 
 from __future__ import annotations
@@ -15,13 +20,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from cni_plugin.wire import Event
+from cni_plugin.wire import Event, legacy_order, new_order
 
+from . import limits
 from .kube import Forbidden, Kube, NotFound, PermanentError
 
 
 class NotYet(Exception):
     """Not resolvable now, may be later (pod not visible, claim not allocated yet)."""
+
+
+class NotOurs(Exception):
+    """The pod has no claim that can be this driver's: nothing to publish, and never will be.
+
+    Not a failure: most pods on a node have no network claim. Raised when the
+    pod declares no claim, or when each of its claims is allocated without a
+    result of the driver.
+    """
 
 
 class Unresolvable(Exception):
@@ -75,6 +90,56 @@ def pod_claim_names(pod: dict[str, Any]) -> list[str]:
     if extended.get("resourceClaimName"):  # DRA extended resources: the scheduler's special claim
         names.append(extended["resourceClaimName"])
     return list(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What resolving needs of a pod: its UID and its claims."""
+
+    uid: str
+    claims: tuple[str, ...]
+    # spec.resourceClaims or status.extendedResourceClaimStatus is set. Without
+    # either the pod can never have a claim: spec.resourceClaims is immutable and
+    # the scheduler writes the extended-resource claim before it binds the pod,
+    # i.e. before this node's watch ever shows it.
+    declares_claims: bool = True
+    # Every spec.resourceClaims entry has its claim name (by name, or a status
+    # entry for a template). Else `claims` may still grow: read the pod again.
+    names_complete: bool = True
+
+    @property
+    def claimless(self) -> bool:
+        """The pod has no claim and never will: none declared, or all its template claims said none."""
+        return not self.declares_claims or (self.names_complete and not self.claims)
+
+
+def pod_info(pod: dict[str, Any]) -> PodInfo:
+    spec_refs = (pod.get("spec") or {}).get("resourceClaims") or []
+    status = pod.get("status") or {}
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    generated = {st.get("name") for st in status.get("resourceClaimStatuses") or []}
+    complete = all(ref.get("resourceClaimName") or ref.get("name") in generated for ref in spec_refs)
+    return PodInfo((pod.get("metadata") or {}).get("uid", ""), tuple(pod_claim_names(pod)),
+                   declares_claims=bool(spec_refs or extended), names_complete=complete)
+
+
+def _claim_names(info: PodInfo, pod: str) -> bool:
+    """True when `info` names all the pod's claims; NotOurs when it has none and never will."""
+    if info.claimless:
+        raise NotOurs(f"pod {pod} has no ResourceClaim")
+    return bool(info.claims) and info.names_complete
+
+
+def watch_wait(event: Event) -> float:
+    """How long the pod watch may still need to show the event's pod: what is left of
+    POD_WATCH_GRACE since the plugin stamped the event (nothing for a replayed old event)."""
+    now = new_order()
+    order = event.order or legacy_order(event.timestamp)
+    if order[0] and order[0] == now[0]:  # same boot: CLOCK_BOOTTIME, immune to wall-clock steps
+        age = (now[1] - order[1]) / 1e9
+    else:
+        age = (now[2] - order[2]) / 1e9
+    return min(limits.POD_WATCH_GRACE, max(0.0, limits.POD_WATCH_GRACE - age))
 
 
 def allocated_node(claim: dict[str, Any]) -> str | None:
@@ -173,11 +238,23 @@ class Resolver:
         self.node_name = node_name
         self.pods = pods  # a PodCache, or None to always GET
 
-    def _pod(self, namespace: str, name: str, uid: str) -> tuple[str, list[str]]:
-        """(uid, claim names) of the pod: from the node's pod watch, else one GET."""
+    def _pod(self, event: Event) -> tuple[str, list[str]]:
+        """(uid, claim names) of the event's pod: from the node's pod watch, else one GET.
+
+        A pod the watch does not show yet is waited for while the event is
+        younger than POD_WATCH_GRACE (the watch wakes the wait). Raises NotOurs
+        for a pod that declares no claim: from the watch that costs no request.
+        """
+        ref = event.pod
+        namespace, name, uid = ref.namespace, ref.name, ref.uid
         if self.pods is not None:
-            info = self.pods.get(namespace, name)
-            if info is not None and info.claims and (not uid or info.uid == uid):
+            gone = self.pods.gone(namespace, name, uid) if uid else None  # that very pod is gone: no wait
+            info = None if gone else self.pods.wait_for(namespace, name, uid, watch_wait(event))
+            if info is None:  # a pod the watch saw deleted only answers "no claim": never resolve a gone pod
+                gone = gone or self.pods.gone(namespace, name, uid)
+                if gone is not None and gone.claimless:
+                    raise NotOurs(f"pod {namespace}/{name} had no ResourceClaim (deleted)")
+            elif _claim_names(info, f"{namespace}/{name}"):
                 return info.uid, list(info.claims)
         try:
             pod = self.kube.get_pod(namespace, name)
@@ -185,24 +262,38 @@ class Resolver:
             raise NotYet(f"pod {namespace}/{name} is not visible") from None
         if self.pods is not None:
             self.pods.remember(pod)
-        return (pod.get("metadata") or {}).get("uid", ""), pod_claim_names(pod)
+        info = pod_info(pod)
+        if uid and info.uid != uid:
+            return info.uid, []  # another pod of that name: resolve() says so
+        if not _claim_names(info, f"{namespace}/{name}"):
+            raise NotYet(f"pod {namespace}/{name}: the names of its claims are not known yet")
+        return info.uid, list(info.claims)
+
+    def never_ours(self, event: Event) -> bool:
+        """Whether the node's pod watch already knows this pod can never have a claim of ours
+        (it declares none, or it is gone and declared none). Costs no request and never waits:
+        a DEL asks this to know that no late ADD of the pod could ever publish."""
+        if self.pods is None or not event.has_pod_identity:
+            return False
+        ns, name, uid = event.pod.namespace, event.pod.name, event.pod.uid
+        info = self.pods.wait_for(ns, name, uid, 0) or self.pods.gone(ns, name, uid)
+        return info is not None and info.claimless
 
     def resolve(self, event: Event, bound_for_claim: Any) -> Target:
         """`bound_for_claim(claim_key)` gives the device keys other attachments hold."""
         if not event.has_pod_identity:
             raise Unresolvable("event has no pod identity (K8S_POD_NAMESPACE/K8S_POD_NAME)")
         pod_ref = event.pod
-        uid, names = self._pod(pod_ref.namespace, pod_ref.name, pod_ref.uid)
+        uid, names = self._pod(event)
         if pod_ref.uid and uid != pod_ref.uid:
             raise Unresolvable(f"pod {pod_ref.namespace}/{pod_ref.name} has uid {uid}, the event is for {pod_ref.uid}")
-        if not names:
-            raise Unresolvable(f"pod {pod_ref.namespace}/{pod_ref.name} references no ResourceClaim")
         found: list[Target] = []
         waiting: list[str] = []
         skipped: list[Unresolvable] = []
+        ours: list[str] = []  # claims with results of the driver
         for name in names:
             try:
-                target = self._match_claim(pod_ref.namespace, name, uid, event, bound_for_claim, waiting)
+                target = self._match_claim(pod_ref.namespace, name, uid, event, bound_for_claim, waiting, ours)
             except Unresolvable as exc:
                 if exc.reason != "AllocatedToOtherNode":
                     raise
@@ -219,10 +310,14 @@ class Resolver:
             raise NotYet("; ".join(waiting + [str(e) for e in skipped]))
         if skipped:
             raise skipped[0]
+        if not ours:  # every claim read and allocated, none with a result of the driver
+            raise NotOurs(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} is allocated with a device of "
+                          f"driver {event.driver}")
         raise Unresolvable(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} has a device of driver {event.driver}")
 
     def _match_claim(
-        self, namespace: str, name: str, pod_uid: str, event: Event, bound_for_claim: Any, waiting: list[str]
+        self, namespace: str, name: str, pod_uid: str, event: Event, bound_for_claim: Any, waiting: list[str],
+        ours: list[str],
     ) -> Target | None:
         try:
             claim = self.kube.get_claim(namespace, name)
@@ -235,6 +330,7 @@ class Resolver:
             return None
         if not driver_results(claim, event.driver):
             return None
+        ours.append(name)
         reserved = {r.get("uid") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"}
         if pod_uid not in reserved:
             waiting.append(f"claim {namespace}/{name} is not reserved for the pod")

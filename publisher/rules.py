@@ -33,7 +33,7 @@ from .limits import InvalidEntry
 from .mapper import map_event
 from .reconciler import Reconciler, newest_sandbox
 from .report import Reporter, event_fields
-from .resolver import NotYet, Resolver, Target, Unresolvable
+from .resolver import NotOurs, NotYet, Resolver, Target, Unresolvable
 from .writer import backoff_delay
 
 
@@ -113,6 +113,8 @@ class Rules:
         self._reconcile(dirty, ev, {target.claim_key: target.claim})
 
     def delete(self, p: Pending) -> None:
+        if self._never_ours(p):
+            return
         ev = p.event
         current = self.journal.attachment(ev.container_id, ev.ifname)
         tomb = self.journal.tombstone(ev.container_id, ev.ifname)
@@ -213,6 +215,9 @@ class Rules:
     def _resolve(self, p: Pending) -> Target | None:
         try:
             return self.resolver.resolve(p.event, self._bound(p.event))
+        except NotOurs as exc:  # an ordinary pod (no claim of the driver): done, no failure, no Event
+            self.journal.finish(p.seq, "done", f"no claim of this driver: {exc}")
+            self.report.ignored(p.event, "no_claim", str(exc))
         except NotYet as exc:
             self._retry_later(p, str(exc), transient=False)
         except TransientError as exc:
@@ -230,6 +235,16 @@ class Rules:
         except PermanentError as exc:
             self._fail(p, str(exc), "unresolvable", event_reason="Unresolvable")
         return None
+
+    def _never_ours(self, p: Pending) -> bool:
+        """A DEL of an attachment never recorded whose pod can never have a claim of the driver
+        (per the pod watch): done without a tombstone, since no late ADD of it could ever publish."""
+        ev = p.event
+        if self.journal.attachment(ev.container_id, ev.ifname) is not None or not self.resolver.never_ours(ev):
+            return False
+        self.journal.finish(p.seq, "done", "no claim of this driver: nothing to remove")
+        self.report.ignored(ev, "no_claim", "DEL of a pod without a claim of the driver")
+        return True
 
     def _reconcile(self, claims: list[tuple[str, str]], ev: Event,
                    fresh: dict[str, dict[str, Any]] | None = None) -> None:

@@ -31,10 +31,11 @@ def publisher_factory(control_plane, workdir):
     """Start publishers on demand; every one started here is killed at teardown."""
     started: list[Publisher] = []
 
-    def make(start: bool = True, extra: list[str] | None = None, sub: str = "p") -> Publisher:
+    def make(start: bool = True, extra: list[str] | None = None, sub: str = "p",
+             kubeconfig: str | None = None) -> Publisher:
         d = workdir / sub
         d.mkdir(exist_ok=True)
-        p = Publisher(control_plane.kubeconfig, d, extra=list(extra or []))
+        p = Publisher(kubeconfig or control_plane.kubeconfig, d, extra=list(extra or []))
         started.append(p)
         return p.start() if start else p
 

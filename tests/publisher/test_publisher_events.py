@@ -13,13 +13,10 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import (DRIVER, MERGE, Cluster, Plugin, add, drained, send_check, take_interface_name,
+from publisher_testkit import (DRIVER, Cluster, Plugin, add, drained, send_check, take_interface_name,
                                suffix)
 
 pytestmark = pytest.mark.controlplane
-
-OTHER_DRIVER = "other.example.com"
-
 
 def wait_metric(publisher, name: str, value: float, timeout: float = 20.0) -> None:
     deadline = time.time() + timeout
@@ -47,26 +44,21 @@ def test_repeated_apply_refusal_makes_one_event_within_the_window(cluster: Clust
     assert publisher.metric('netclaim_k8s_events_total{result="created"}') == 1
 
 
-def test_pod_without_claims_for_the_driver_gets_an_event_on_the_pod(cluster: Cluster, publisher, plugin):
-    claim = "gpu-only"
-    cluster.claim(claim)
-    uid = cluster.pod("gpu-pod", [claim])
-    status = {"allocation": {
-        "devices": {"results": [{"request": "nic", "driver": OTHER_DRIVER, "pool": "node-a", "device": "gpu0"}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "gpu-pod", "uid": uid}]}
-    cluster.resource.patch_namespaced_resource_claim_status(claim, cluster.namespace, {"status": status},
-                                                            _content_type=MERGE)
+def test_claim_without_a_device_for_the_request_gets_an_event_on_the_pod(cluster: Cluster, publisher, plugin):
+    """The pod's claim has a device of the driver, but none for the configured request: a real
+    failure (a pod with no claim of the driver is no failure: test_publisher_issue16_input.py)."""
+    claim, uid = cluster.pod_with_claim("mismatch", [("other-req", "nic0")])
     cid = "c" + suffix()
-    add(plugin, cid, PodRef(cluster.namespace, "gpu-pod", uid))
+    add(plugin, cid, PodRef(cluster.namespace, "mismatch", uid))
     drained(publisher)
     [warning] = cluster.wait_warnings(lambda e: len(e) == 1)
     assert (warning["type"], warning["reason"]) == ("Warning", "Unresolvable")
     assert warning["regarding"] == {"apiVersion": "v1", "kind": "Pod", "namespace": cluster.namespace,
-                                    "name": "gpu-pod", "uid": uid}
+                                    "name": "mismatch", "uid": uid}
     assert "related" not in warning or warning["related"] is None
     assert f"has a device of driver {DRIVER}" in warning["note"] and cid in warning["note"]
+    assert publisher.status()["failed_events"] and cluster.devices(claim) == []
+    assert publisher.metric('netclaim_events_ignored_total{reason="no_claim"}') == 0
 
 
 def test_ambiguous_device_gets_an_event_on_the_claim(cluster: Cluster, publisher, plugin):
@@ -85,10 +77,10 @@ def test_ambiguous_device_gets_an_event_on_the_claim(cluster: Cluster, publisher
 def test_no_emit_events_posts_nothing(cluster: Cluster, publisher_factory, workdir):
     publisher = publisher_factory(extra=["--no-emit-events"])
     plugin = Plugin(publisher.socket, publisher.spool, workdir)
-    uid = cluster.pod("bare", [])
+    _, uid = cluster.pod_with_claim("bare", [("other-req", "nic0")])
     add(plugin, "c" + suffix(), PodRef(cluster.namespace, "bare", uid))
     st = drained(publisher)
-    assert "references no ResourceClaim" in st["failed_events"][0]["error"]
+    assert f"has a device of driver {DRIVER}" in st["failed_events"][0]["error"]
     assert publisher.metric('netclaim_k8s_events_total{result="disabled"}') == 1
     time.sleep(1.0)
     assert cluster.warnings() == []

@@ -109,3 +109,22 @@ def test_local_validation_names_every_broken_rule():
         assert needle in errors
     with pytest.raises(limits.InvalidEntry):
         limits.validate_entry(bad)
+
+
+def test_lone_surrogates_become_replacement_characters_and_leftovers_are_refused():
+    res = result()
+    res["dns"] = {"search": ["lab\ud800.example"], "opt\udc00": ["x"]}
+    res["interfaces"][0]["name"] = "cni\udfff"
+    entry = map_event(add(res), "pool-a", "nic0")
+    assert entry["data"]["dns"] == {"search": ["lab\ufffd.example"], "opt\ufffd": ["x"]}
+    assert entry["data"]["interfaces"][0]["name"] == "cni\ufffd"
+    assert res["dns"]["search"] == ["lab\ud800.example"]  # the event's own result is left as received
+    entry["data"]["dns"]["search"] = ["late\ud800"]
+    with pytest.raises(limits.InvalidEntry, match="surrogate"):
+        limits.validate_entry(entry)
+
+
+def test_data_size_counts_like_the_api_servers_json():
+    assert limits.data_size({"s": "<&>"}) == len('{"s":"\\u003c\\u0026\\u003e"}')
+    assert limits.data_size({"s": "\u00e9\U0001F600"}) == len('{"s":""}') + 2 + 4
+    assert limits.data_size({"s": "\b\\b"}) == len('{"s":"\\u0008\\\\b"}')

@@ -78,3 +78,16 @@ def test_extended_resource_claim_is_one_of_the_pods_claims():
     pod = {"spec": {"resourceClaims": [{"name": "x", "resourceClaimName": "a"}]},
            "status": {"extendedResourceClaimStatus": {"resourceClaimName": "ext"}}}
     assert pod_claim_names(pod) == ["a", "ext"]
+
+
+def test_pod_without_any_claim_is_claimless_and_a_pending_template_is_not():
+    from publisher.resolver import pod_info
+
+    assert pod_info({"metadata": {"uid": "u"}, "spec": {}}).claimless
+    assert pod_info({"spec": {"resourceClaims": []}, "status": {}}).claimless
+    template = {"spec": {"resourceClaims": [{"name": "n", "resourceClaimTemplateName": "t"}]}}
+    assert not pod_info(template).claimless and not pod_info(template).names_complete
+    template["status"] = {"resourceClaimStatuses": [{"name": "n", "resourceClaimName": "pod-n-x"}]}
+    assert pod_info(template).claims == ("pod-n-x",) and pod_info(template).names_complete
+    extended = {"status": {"extendedResourceClaimStatus": {"resourceClaimName": "ext"}}}
+    assert not pod_info(extended).claimless
