@@ -151,7 +151,7 @@ class Intake:
             return None
         except (WireError, ValueError, TypeError) as exc:
             self.metrics.events_rejected.labels("bad_spool_file").inc()
-            self.log.error("spool file malformed, renamed to .bad", extra={
+            self.log.error("spool file unreadable, renamed to .bad", extra={
                 "detail": f"{os.path.basename(path)}: {exc}"})
             try:
                 os.rename(path, path + ".bad")
