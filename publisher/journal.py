@@ -158,6 +158,12 @@ class Attachment:
 _ATT_COLUMNS = list(Attachment.__dataclass_fields__)
 
 
+def _create_private(path: str) -> None:
+    """Create the database file 0600 before SQLite does (its -wal and -shm copy this mode)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+
+
 def shard_key(container_id: str) -> int:
     """Events of one sandbox always land on the same worker: per-attachment order."""
     return zlib.crc32(container_id.encode())
@@ -617,9 +623,3 @@ class _Tx:
             j._wrote(exc if exc is None or isinstance(exc, (sqlite3.Error, OSError)) else None)
         finally:
             j._lock.release()
-
-
-def _create_private(path: str) -> None:
-    """Create the database file 0600 before SQLite does (its -wal and -shm copy this mode)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    os.close(fd)

@@ -169,6 +169,7 @@ class Service:
         # A replay right after start would otherwise GET every pod the watch is
         # about to deliver anyway; wait a little for the first listing.
         self.pods.synced.wait(5.0)
+        read_failed = False
         while not self.stopping.is_set():
             self.health.beat(name)
             self._wake[shard].clear()
@@ -176,10 +177,14 @@ class Service:
                 batch = self.journal.ready(shard, n, node_seconds())
                 due = None if batch else self.journal.next_due(shard, n)
             except Exception as exc:  # noqa: BLE001 - the journal may come back: keep the worker
+                read_failed = True
                 if self.health.fault("journal", f"not readable: {exc}"):
                     self.log.error("journal read failed", extra={"component": name, "error": str(exc)})
                 self.stopping.wait(1.0)
                 continue
+            if read_failed and not self.journal.writes.failing_since:
+                read_failed = False
+                self.health.clear("journal")  # reading works again (a write failure clears on its own)
             self.down.pop(name, None)
             if not batch:
                 wait = 5.0 if due is None else max(0.0, min(5.0, due - node_seconds()))
