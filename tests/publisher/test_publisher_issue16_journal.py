@@ -321,3 +321,33 @@ def test_issue16_health_thread_past_its_restart_budget_fails_liveness(control_pl
         assert not svc.ready()[0] and svc.ready()[1].startswith("thread: ")
     finally:
         svc.stop()
+
+
+def test_issue16_item8_times_of_another_boot_are_rebased_at_open(workdir):
+    """Times stored on another boot's CLOCK_BOOTTIME mean nothing now: due at once, marks kept."""
+    import sqlite3
+
+    from publisher.clock import node_seconds
+    from publisher.journal import Journal
+
+    pod = PodRef("ns", "pod", "uid")
+    j = Journal(str(workdir / "state"))
+    j.append(wire_event("ADD", "c1", pod, cni_result()))
+    [p] = j.ready(0, 1, node_seconds())
+    j.reschedule(p.seq, node_seconds() + 10 * 86400, "waiting")  # far away on this boot's clock
+    dele = wire_event("DEL", "c2", pod)
+    j.finish(None, tombstone=(dele.attachment, dele.order), dirty=[("ns", "claim")])
+    j.retry_dirty("ns", "claim", node_seconds() + 10 * 86400)
+    j.close()
+    db = sqlite3.connect(str(workdir / "state" / "journal.db"), isolation_level=None)
+    db.execute("UPDATE meta SET value='another-boot' WHERE key='boot_id'")
+    db.execute("UPDATE tombstones SET recorded=?", (node_seconds() + 10 * 86400,))  # "recorded" in its future
+    db.close()
+    j = Journal(str(workdir / "state"))
+    now = node_seconds()
+    assert [q.seq for q in j.ready(0, 1, now)] == [p.seq]  # due at once
+    assert j.dirty_claims(now) == [("ns", "claim", 1)]
+    j.finish(p.seq)  # (a pending event older than the cutoff would keep every mark)
+    assert j.prune_order_marks(now - limits.ORDER_HORIZON) == 0  # recorded now: kept one more horizon
+    assert j.prune_order_marks(now + 1) == 1  # and prunable by this boot's clock, not stuck for 10 days
+    j.close()
