@@ -152,6 +152,10 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     """Run the publisher: receive events, journal them, publish claim status."""
     import sqlite3
 
+    # Nothing the publisher creates (journal, its -wal/-shm, socket dir) is for other users,
+    # whatever umask the unit or the container runtime started us with.
+    os.umask(0o077)
+
     from . import logs
     from .kube import Credentials, Kube
     from .metrics import HealthServer, Metrics
@@ -169,10 +173,11 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     try:
         service = Service(settings, kube, metrics)
         server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
-        health = HealthServer(metrics_address, metrics, service.ready) if metrics_address else None
+        health = HealthServer(metrics_address, metrics, service.ready, service.live) if metrics_address else None
     except (OSError, sqlite3.Error) as exc:
         raise config_error("cannot start", exc) from None
-    metrics.watch_backlog(spool_dir, lambda: (service.journal.oldest_pending() or {}).get("received"))
+    service.health.checks.append(server.serving)
+    metrics.watch_backlog(spool_dir, service.oldest_pending_age, service.intake.spooled_times)
     done = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -2,25 +2,37 @@
 
 An event is acknowledged only after its journal commit (publisher/journal.py),
 so once the plugin's ADD returned the event survives a crash. A journal that
-cannot be written is remembered (the health check reports it) and the plugin
-gets an error, so it spools the event instead.
+cannot be written is reported by the journal (health: `journal: ...`) and the
+plugin gets an error, so it spools the event instead.
+
+Spool files are deleted only after their events are committed. A file that
+cannot be deleted then (read-only remount, EACCES/EPERM without capabilities)
+is remembered and skipped: reading it again would only bring duplicates,
+which the journal drops by event id anyway. A file that cannot be read is
+retried later; neither stops ingestion of the other files, and both make
+readiness say `spool: ...` until the spool is healthy again.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
-from cni_plugin.wire import Event, take_overflow
+from cni_plugin.wire import Event, WireError, list_spool, read_spool, take_overflow
 
-from . import logs
+from . import limits, logs
+from .clock import node_seconds, wall
+from .health import Health
 from .journal import Journal
 from .report import Reporter
+
+UNREADABLE_RETRY = 60.0  # seconds before a spool file that could not be read is tried again
 
 
 class Intake:
     def __init__(self, journal: Journal, spool_dir: str, node: str, reporter: Reporter,
-                 notify: Callable[[Event | None], None]) -> None:
+                 notify: Callable[[Event | None], None], health: Health | None = None) -> None:
         self.journal = journal
         self.spool_dir = spool_dir
         self.node = node
@@ -28,8 +40,13 @@ class Intake:
         self.metrics = reporter.metrics
         self.notify = notify
         self.log = logs.get()
-        self.journal_error = ""  # set while the journal cannot be written
-        self.last_ingest = 0.0  # when the spool was last read to the end
+        self.health = health or Health()
+        self.last_ingest = 0.0  # node time the spool was last read to the end (order horizon)
+        self.last_ingest_wall = 0.0  # the same, for people (status)
+        self.stuck: set[str] = set()  # files whose events are journaled but that cannot be deleted or renamed
+        self.stuck_error = ""
+        self.overflow_error = ""
+        self.unreadable: dict[str, float] = {}  # files that could not be read -> node time of the next try
         self.overflow: dict[str, Any] = {"dropped": 0, "reports": 0, "last": None}
 
     def submit(self, event: Event) -> tuple[bool, str]:
@@ -49,7 +66,7 @@ class Intake:
             self.log.warning("event rejected: no pod identity", extra={
                 "op": event.op, **logs.attachment_fields(container_id=event.container_id, ifname=event.ifname)})
             return True, event.event_id
-        new = self._guarded(lambda: self.journal.append(event))
+        new = self.journal.append(event)
         if new:
             self.metrics.events_acked.labels(event.op).inc()
             self.notify(event)
@@ -57,33 +74,130 @@ class Intake:
             self.metrics.events_duplicate.inc()
         return True, event.event_id
 
-    def _guarded(self, write: Callable[[], Any]) -> Any:
-        """Run a journal write, remembering whether the journal is writable (for /readyz)."""
+    def pending_files(self) -> list[str]:
+        """Spool files not ingested yet (the remembered undeletable ones are not pending)."""
         try:
-            out = write()
-        except Exception as exc:
-            self.journal_error = f"journal not writable: {exc}"
-            raise
-        self.journal_error = ""
+            return [p for p in list_spool(self.spool_dir) if p not in self.stuck]
+        except OSError:
+            return []
+
+    def spooled_times(self) -> list[float]:
+        """Write times (wall seconds, from the names) of the pending spool files."""
+        out = []
+        for path in self.pending_files():
+            stamp = os.path.basename(path).partition("-")[0]
+            if stamp.isdigit():
+                out.append(int(stamp) / 1e9)
         return out
 
     def ingest_spool(self) -> int:
-        started = time.time()
-        added, bad = self._guarded(lambda: self.journal.ingest_spool(self.spool_dir))
-        self.last_ingest = started
-        for problem in bad:
-            self.metrics.events_rejected.labels("bad_spool_file").inc()
-            self.log.error("spool file unreadable, renamed to .bad", extra={"detail": problem})
-        if added:
-            self.metrics.events_spooled.inc(added)
-            self.log.info("spooled events ingested", extra={"count": added})
-            self.notify(None)
+        """Move spooled events into the journal in bounded batches; files go only after the commit.
+
+        Raises only when the journal cannot be written (it reports itself);
+        spool problems are faults of the `spool` component, not exceptions.
+        """
+        started, started_wall = node_seconds(), wall()
+        try:
+            listed = list_spool(self.spool_dir)
+        except OSError as exc:
+            self._spool_fault(f"cannot list {self.spool_dir}: {exc}")
+            return 0
+        listed_set = set(listed)
+        self.stuck &= listed_set  # removed by someone else: forget it
+        for path in [p for p in self.unreadable if p not in listed_set]:
+            del self.unreadable[path]
+        todo = [p for p in listed if p not in self.stuck and self.unreadable.get(p, 0.0) <= started]
+        added = 0
+        try:  # each batch commits on its own: an ack never waits behind a whole spool
+            for first in range(0, len(todo), limits.INGEST_BATCH):
+                added += self._ingest_batch(todo[first:first + limits.INGEST_BATCH])
+        finally:
+            if added:
+                self.metrics.events_spooled.inc(added)
+                self.log.info("spooled events ingested", extra={"count": added})
+                self.notify(None)
+        if not self.unreadable:  # a complete pass: every listed event is in the journal
+            self.last_ingest, self.last_ingest_wall = started, started_wall
         self._report_overflow()
+        self._spool_health()
         return added
+
+    def _ingest_batch(self, paths: list[str]) -> int:
+        events: list[Event] = []
+        done: list[str] = []
+        for path in paths:
+            event = self._read(path)
+            if event is not None:
+                events.append(event)
+                done.append(path)
+        if not events:
+            return 0
+        added = self.journal.append_many(events)
+        for path in done:
+            self._remove(path)
+        return sum(added)
+
+    def _read(self, path: str) -> Event | None:
+        """One spool file's event; None for a file that cannot be used (now or ever)."""
+        try:
+            event = read_spool(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if path not in self.unreadable:
+                self.log.error("spool file unreadable, will retry", extra={"file": os.path.basename(path),
+                                                                          "error": str(exc)})
+            self.unreadable[path] = node_seconds() + UNREADABLE_RETRY
+            return None
+        except (WireError, ValueError, TypeError) as exc:
+            self.metrics.events_rejected.labels("bad_spool_file").inc()
+            self.log.error("spool file unreadable, renamed to .bad", extra={
+                "detail": f"{os.path.basename(path)}: {exc}"})
+            try:
+                os.rename(path, path + ".bad")
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.stuck.add(path)  # kept for a person to look at; not read again
+                self.stuck_error = str(exc)
+            return None
+        self.unreadable.pop(path, None)
+        return event
+
+    def _remove(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.stuck.add(path)
+            self.stuck_error = str(exc)
+
+    def _spool_health(self) -> None:
+        problems = []
+        if self.unreadable:
+            problems.append(f"{len(self.unreadable)} file(s) cannot be read")
+        if self.stuck:
+            problems.append(f"{len(self.stuck)} ingested file(s) cannot be deleted: {self.stuck_error}")
+        if self.overflow_error:
+            problems.append(f"overflow marker cannot be taken: {self.overflow_error}")
+        if problems:
+            self._spool_fault("; ".join(problems))
+        elif self.health.clear("spool"):
+            self.log.info("spool healthy again")
+
+    def _spool_fault(self, message: str) -> None:
+        if self.health.fault("spool", message):
+            self.log.error("spool fault", extra={"error": message})
 
     def _report_overflow(self) -> None:
         """Events the plugin could not spool (spool at its cap): counted, shown, warned about."""
-        marker = take_overflow(self.spool_dir)
+        try:
+            marker = take_overflow(self.spool_dir)
+            self.overflow_error = ""
+        except OSError as exc:  # a read-only spool: the marker stays until it can be taken
+            self.overflow_error = str(exc)
+            return
         if not marker or not marker.get("dropped"):
             return
         dropped = int(marker["dropped"])

@@ -16,10 +16,11 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from . import limits
-from cni_plugin.wire import Event, WireError, legacy_order, list_spool, order_before, read_spool
+from . import limits, logs
+from .clock import node_seconds, wall
+from cni_plugin.wire import Event, _boot_id, legacy_order, order_before
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -90,6 +91,9 @@ CREATE TABLE IF NOT EXISTS dirty (
 MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),
               ("attachments", "request", "TEXT NOT NULL DEFAULT ''"),
               ("attachments", "added", "TEXT NOT NULL DEFAULT ''"))
+# Facts about the journal itself; `boot_id` names the boot whose CLOCK_BOOTTIME the stored
+# times (received, next_try, finished, recorded, updated) were taken on.
+META_SCHEMA = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
 
 
 @dataclass
@@ -97,7 +101,20 @@ class Pending:
     seq: int
     event: Event
     attempts: int
-    received: float
+    received: float  # node_seconds() when the journal received it (resolve timeouts count from it)
+
+
+class JournalBusy(sqlite3.OperationalError):
+    """The publisher's own write slot (or read connection) was not free within its bound."""
+
+
+@dataclass
+class WriteState:
+    """How the journal's writes are going, read by the probes without any lock."""
+
+    busy_since: float = 0.0  # node time the write in flight began (0: none)
+    failing_since: float = 0.0  # node time of the first failure since the last success (0: fine)
+    last_error: str = ""
 
 
 @dataclass
@@ -141,38 +158,134 @@ class Attachment:
 _ATT_COLUMNS = list(Attachment.__dataclass_fields__)
 
 
+def _create_private(path: str) -> None:
+    """Create the database file 0600 before SQLite does (its -wal and -shm copy this mode)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+
+
 def shard_key(container_id: str) -> int:
     """Events of one sandbox always land on the same worker: per-attachment order."""
     return zlib.crc32(container_id.encode())
 
 
 class Journal:
-    """One SQLite connection shared by the server and worker threads, behind a lock."""
+    """SQLite in WAL mode: one write connection behind a lock, one read connection beside it.
 
-    def __init__(self, state_dir: str) -> None:
+    Readers (workers looking for work, status, /metrics) use their own
+    connection, which WAL lets read while a write is in flight, so they never
+    queue behind a commit, a prune or another process holding the write lock.
+    Writes are short transactions; a write that cannot start (SQLite's busy
+    timeout, or our own slot busy past its bound) fails instead of waiting
+    forever, and the write state (`writes`) tells health what is going on.
+    Times that schedule or prune are node time (clock.node_seconds).
+    """
+
+    def __init__(self, state_dir: str, on_fault: Callable[[str], None] | None = None,
+                 on_recover: Callable[[], None] | None = None) -> None:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(state_dir, "journal.db")
+        self.log = logs.get()
+        self.writes = WriteState()
+        self._on_fault = on_fault or (lambda _msg: None)
+        self._on_recover = on_recover or (lambda: None)
         self._lock = threading.RLock()
+        self._rlock = threading.Lock()
+        _create_private(self.path)  # SQLite gives -wal and -shm the database file's mode
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: the WAL is fsynced at every commit, which is what makes an ack durable.
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+        self._db.execute(f"PRAGMA busy_timeout={int(limits.JOURNAL_BUSY_TIMEOUT * 1000)}")
+        self._db.executescript(SCHEMA + META_SCHEMA)
         for table, column, decl in MIGRATIONS:
             have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-        os.chmod(self.path, 0o600)
+        self._rdb = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._rdb.execute("PRAGMA busy_timeout=1000")
+        self._rdb.execute("PRAGMA query_only=1")
+        self._rebase_clock()
+        self.protect()
+
+    def protect(self) -> None:
+        """The database, its WAL and shared-memory file: readable by the owner only."""
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.chmod(self.path + suffix, 0o600)
+            except FileNotFoundError:
+                pass
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        with self._rlock:
+            self._rdb.close()
 
     def _tx(self, durable: bool = False) -> "_Tx":
         """durable=True fsyncs at commit (an ack depends on it); other commits can be
         lost in a crash without harm, because replaying the events redoes them."""
         return _Tx(self, durable)
+
+    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """One query on the read connection (fully fetched: no read transaction stays open)."""
+        if not self._rlock.acquire(timeout=limits.JOURNAL_READ_WAIT):
+            raise JournalBusy(f"journal read connection busy for {limits.JOURNAL_READ_WAIT:.0f}s")
+        try:
+            return self._rdb.execute(sql, params).fetchall()
+        finally:
+            self._rlock.release()
+
+    def _wrote(self, exc: BaseException | None) -> None:
+        """Track write health; tell the owner on the transitions only (one log line each)."""
+        w = self.writes
+        if exc is None:
+            if w.failing_since:
+                w.failing_since, w.last_error = 0.0, ""
+                self.log.info("journal writable again")
+                self._on_recover()
+            return
+        w.last_error = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        if not w.failing_since:
+            w.failing_since = node_seconds()
+            self.log.error("journal write failed", extra={"error": w.last_error})
+        self._on_fault(w.last_error)
+
+    def wedged(self) -> str:
+        """Why the journal cannot make progress (liveness), or ""; reads attributes only."""
+        now, w = node_seconds(), self.writes
+        if w.busy_since and now - w.busy_since > limits.JOURNAL_WEDGED:
+            return f"journal: a write has been in flight for {now - w.busy_since:.0f}s"
+        if w.failing_since and now - w.failing_since > limits.JOURNAL_WEDGED:
+            return f"journal: writes failing for {now - w.failing_since:.0f}s: {w.last_error}"
+        return ""
+
+    def probe(self) -> None:
+        """An empty write transaction: tells whether writing works again after a failure."""
+        with self._tx():
+            pass
+
+    def _rebase_clock(self) -> None:
+        """Times stored on another boot's CLOCK_BOOTTIME mean nothing now: make them "now".
+
+        Due times become due at once; receive/record/finish times become now,
+        which keeps marks and finished events one more retention period and gives
+        pending events a full resolve timeout again: late, never early. A journal
+        from before the boot id was stored (wall-clock times) is rebased too.
+        """
+        boot = _boot_id()
+        rows = self._read("SELECT value FROM meta WHERE key='boot_id'")
+        if boot and rows and rows[0][0] == boot:
+            return
+        now = node_seconds()
+        with self._tx(durable=True) as db:
+            db.execute("UPDATE events SET next_try=0, received=?,"
+                       " finished=CASE WHEN finished IS NULL THEN NULL ELSE ? END", (now, now))
+            db.execute("UPDATE dirty SET next_try=0")
+            db.execute("UPDATE tombstones SET recorded=?", (now,))
+            db.execute("UPDATE fences SET recorded=?", (now,))
+            db.execute("UPDATE attachments SET updated=?", (now,))
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('boot_id', ?)", (boot,))
 
     # ------------------------------------------------------------ events
 
@@ -181,7 +294,7 @@ class Journal:
         return self.append_many([event])[0]
 
     def append_many(self, events: list[Event]) -> list[bool]:
-        now = time.time()
+        now = node_seconds()
         added = []
         with self._tx(durable=True) as db:
             for ev in events:
@@ -213,20 +326,18 @@ class Journal:
                            " WHERE seq=?", (now, seq))
 
     def ready(self, shard: int, shards: int, now: float, limit: int = 64) -> list[Pending]:
-        """Pending events of a shard whose time has come, oldest first, one per attachment.
+        """Pending events of a shard due at `now` (node time), oldest first, one per attachment.
 
         An event waits while an older event of the same attachment is still
         pending (e.g. backing off), so events of one attachment apply in order.
         """
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT seq, body, attempts, received FROM events e WHERE state='pending'"
-                " AND shard_key % ? = ? AND next_try <= ? AND NOT EXISTS ("
-                "  SELECT 1 FROM events p WHERE p.state='pending' AND p.container_id=e.container_id"
-                "  AND p.ifname=e.ifname AND p.seq < e.seq)"
-                " ORDER BY seq LIMIT ?",
-                (shards, shard, now, limit),
-            ).fetchall()
+        rows = self._read(
+            "SELECT seq, body, attempts, received FROM events e WHERE state='pending'"
+            " AND shard_key % ? = ? AND next_try <= ? AND NOT EXISTS ("
+            "  SELECT 1 FROM events p WHERE p.state='pending' AND p.container_id=e.container_id"
+            "  AND p.ifname=e.ifname AND p.seq < e.seq)"
+            " ORDER BY seq LIMIT ?",
+            (shards, shard, now, limit))
         return [Pending(seq, Event.from_dict(json.loads(body)), attempts, received)
                 for seq, body, attempts, received in rows]
 
@@ -234,15 +345,13 @@ class Journal:
         """When the next event of the shard may run: only the head of each attachment's
         queue counts (an event waiting behind a backing-off one is not due, or the
         worker would spin on it)."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT MIN(next_try) FROM events e WHERE state='pending' AND shard_key % ? = ? AND NOT EXISTS ("
-                "  SELECT 1 FROM events p WHERE p.state='pending' AND p.container_id=e.container_id"
-                "  AND p.ifname=e.ifname AND p.seq < e.seq)", (shards, shard)
-            ).fetchone()
-        return row[0]
+        return self._read(
+            "SELECT MIN(next_try) FROM events e WHERE state='pending' AND shard_key % ? = ? AND NOT EXISTS ("
+            "  SELECT 1 FROM events p WHERE p.state='pending' AND p.container_id=e.container_id"
+            "  AND p.ifname=e.ifname AND p.seq < e.seq)", (shards, shard))[0][0]
 
     def reschedule(self, seq: int, next_try: float, error: str) -> None:
+        """Try the event again at `next_try` (node time)."""
         with self._tx() as db:
             db.execute("UPDATE events SET attempts=attempts+1, next_try=?, error=? WHERE seq=?", (next_try, error, seq))
 
@@ -263,7 +372,7 @@ class Journal:
         desired state; they stay marked until a reconcile succeeds, so a crash
         between this commit and the apply loses nothing.
         """
-        now = time.time()
+        now = node_seconds()
         with self._tx() as db:
             for key in delete or []:
                 db.execute("DELETE FROM attachments WHERE container_id=? AND ifname=?", key)
@@ -288,24 +397,29 @@ class Journal:
                 db.execute("DELETE FROM attachments WHERE container_id=? AND ifname=?", key)
 
     def prune(self, now: float | None = None) -> int:
-        cutoff = (now or time.time()) - limits.DONE_RETENTION
-        with self._tx() as db:
-            return db.execute("DELETE FROM events WHERE state != 'pending' AND finished < ?", (cutoff,)).rowcount
+        """Drop events finished DONE_RETENTION ago, in small transactions: an ack waiting for
+        the write slot never waits behind a whole day of events being deleted."""
+        cutoff = (node_seconds() if now is None else now) - limits.DONE_RETENTION
+        total = 0
+        while True:
+            with self._tx() as db:
+                n = db.execute("DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE state != 'pending'"
+                               " AND finished < ? LIMIT ?)", (cutoff, limits.PRUNE_BATCH)).rowcount
+            total += n
+            if n < limits.PRUNE_BATCH:
+                return total
+            time.sleep(0)  # let a waiting writer (an ack) take the slot between batches
 
     # ------------------------------------------------------------ tombstones, fences, dirty claims
 
     def tombstone(self, container_id: str, ifname: str) -> list | None:
         """The stamp of the latest DEL of this attachment, if one is remembered."""
-        with self._lock:
-            row = self._db.execute("SELECT stamp FROM tombstones WHERE container_id=? AND ifname=?",
-                                   (container_id, ifname)).fetchone()
-        return json.loads(row[0]) if row else None
+        rows = self._read("SELECT stamp FROM tombstones WHERE container_id=? AND ifname=?", (container_id, ifname))
+        return json.loads(rows[0][0]) if rows else None
 
     def fences(self, driver: str) -> list[tuple[str, list, set[tuple[str, str]]]]:
         """(network, stamp, valid keys) of the remembered GCs of this driver."""
-        with self._lock:
-            rows = self._db.execute("SELECT network, stamp, valid FROM fences WHERE driver=? ORDER BY id",
-                                    (driver,)).fetchall()
+        rows = self._read("SELECT network, stamp, valid FROM fences WHERE driver=? ORDER BY id", (driver,))
         return [(net, json.loads(stamp), {(a["containerID"], a["ifname"]) for a in json.loads(valid)})
                 for net, stamp, valid in rows]
 
@@ -332,28 +446,24 @@ class Journal:
             return n
 
     def order_marks(self) -> tuple[int, int]:
-        with self._lock:
-            t = self._db.execute("SELECT COUNT(*) FROM tombstones").fetchone()[0]
-            f = self._db.execute("SELECT COUNT(*) FROM fences").fetchone()[0]
+        [(t, f)] = self._read("SELECT (SELECT COUNT(*) FROM tombstones), (SELECT COUNT(*) FROM fences)")
         return t, f
 
     def dirty_claims(self, now: float | None = None) -> list[tuple[str, str, int]]:
-        """(ns, name, attempts) of the claims to reconcile whose retry time has come (all with now=None)."""
-        with self._lock:
-            if now is None:
-                return self._db.execute("SELECT claim_namespace, claim_name, attempts FROM dirty ORDER BY 1, 2").fetchall()
-            return self._db.execute("SELECT claim_namespace, claim_name, attempts FROM dirty WHERE next_try <= ?"
-                                    " ORDER BY next_try", (now,)).fetchall()
+        """(ns, name, attempts) of the claims to reconcile due at `now` (node time; all with now=None)."""
+        if now is None:
+            return self._read("SELECT claim_namespace, claim_name, attempts FROM dirty ORDER BY 1, 2")
+        return self._read("SELECT claim_namespace, claim_name, attempts FROM dirty WHERE next_try <= ?"
+                          " ORDER BY next_try", (now,))
 
     def next_dirty(self) -> float | None:
-        with self._lock:
-            return self._db.execute("SELECT MIN(next_try) FROM dirty").fetchone()[0]
+        return self._read("SELECT MIN(next_try) FROM dirty")[0][0]
 
     def settle(self, ns: str, name: str, delete: list[tuple[str, str]], upsert: list[Attachment],
                applied: str | None) -> None:
         """After a successful reconcile, in one transaction: forget/move attachments, remember
         the applied body's hash, and clear the claim's dirty mark."""
-        now = time.time()
+        now = node_seconds()
         with self._tx() as db:
             for key in delete:
                 db.execute("DELETE FROM attachments WHERE container_id=? AND ifname=?", key)
@@ -374,30 +484,35 @@ class Journal:
                        (next_try, ns, name))
 
     def depth(self) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM events WHERE state='pending'").fetchone()[0]
+        return self._read("SELECT COUNT(*) FROM events WHERE state='pending'")[0][0]
+
+    def oldest_received(self) -> float | None:
+        """Node time the oldest pending event was received (for its age), or None."""
+        rows = self._read("SELECT received FROM events WHERE state='pending' ORDER BY seq LIMIT 1")
+        return rows[0][0] if rows else None
 
     def oldest_pending(self) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT event_id, op, container_id, ifname, received, attempts, error FROM events"
-                " WHERE state='pending' ORDER BY seq LIMIT 1"
-            ).fetchone()
-        if row is None:
+        """The oldest pending event for people: its age by node time, `received` as wall time."""
+        rows = self._read(
+            "SELECT event_id, op, container_id, ifname, received, attempts, error FROM events"
+            " WHERE state='pending' ORDER BY seq LIMIT 1")
+        if not rows:
             return None
         keys = ("event_id", "op", "containerID", "ifname", "received", "attempts", "last_error")
-        out = dict(zip(keys, row))
-        out["age_seconds"] = round(time.time() - out["received"], 3)
+        out = dict(zip(keys, rows[0]))
+        age = max(0.0, node_seconds() - out["received"])
+        out["age_seconds"] = round(age, 3)
+        out["received"] = round(wall() - age, 3)
         return out
 
     def failed(self, limit: int = 20) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT event_id, op, container_id, ifname, finished, error FROM events"
-                " WHERE state='failed' ORDER BY seq DESC LIMIT ?", (limit,)
-            ).fetchall()
+        """Recently dropped events; `finished` is shown as wall time."""
+        rows = self._read(
+            "SELECT event_id, op, container_id, ifname, finished, error FROM events"
+            " WHERE state='failed' ORDER BY seq DESC LIMIT ?", (limit,))
         keys = ("event_id", "op", "containerID", "ifname", "finished", "error")
-        return [dict(zip(keys, r)) for r in rows]
+        now, node = wall(), node_seconds()
+        return [dict(zip(keys, r[:4] + (round(now - (node - (r[4] or node)), 3),) + r[5:])) for r in rows]
 
     # ------------------------------------------------------------ attachments
 
@@ -414,11 +529,9 @@ class Journal:
         )
 
     def _rows(self, where: str, params: tuple[Any, ...]) -> list[Attachment]:
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {','.join(_ATT_COLUMNS)} FROM attachments {where} ORDER BY claim_namespace, claim_name,"
-                " driver, pool, device", params
-            ).fetchall()
+        rows = self._read(
+            f"SELECT {','.join(_ATT_COLUMNS)} FROM attachments {where} ORDER BY claim_namespace, claim_name,"
+            " driver, pool, device", params)
         out = []
         for row in rows:
             att = Attachment(*row)
@@ -441,26 +554,20 @@ class Journal:
         return self._rows("", ())
 
     def attachment_count(self) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM attachments").fetchone()[0]
+        return self._read("SELECT COUNT(*) FROM attachments")[0][0]
 
     def claims(self) -> list[tuple[str, str]]:
         """Every claim with an attachment or still to be reconciled."""
-        with self._lock:
-            return self._db.execute(
-                "SELECT claim_namespace, claim_name FROM attachments UNION"
-                " SELECT claim_namespace, claim_name FROM dirty ORDER BY 1, 2"
-            ).fetchall()
+        return self._read("SELECT claim_namespace, claim_name FROM attachments UNION"
+                          " SELECT claim_namespace, claim_name FROM dirty ORDER BY 1, 2")
 
     def dirty_count(self) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM dirty").fetchone()[0]
+        return self._read("SELECT COUNT(*) FROM dirty")[0][0]
 
     # ------------------------------------------------------------ applied bodies
 
     def applied_hashes(self) -> dict[str, str]:
-        with self._lock:
-            return dict(self._db.execute("SELECT claim, body_hash FROM applied").fetchall())
+        return dict(self._read("SELECT claim, body_hash FROM applied"))
 
     def set_applied(self, claim: str, body_hash: str | None) -> None:
         """Remember what was last applied, so a restart does not re-send unchanged claims."""
@@ -470,53 +577,49 @@ class Journal:
             else:
                 db.execute("INSERT OR REPLACE INTO applied(claim, body_hash) VALUES (?,?)", (claim, body_hash))
 
-    # ------------------------------------------------------------ spool
-
-    def ingest_spool(self, spool_dir: str) -> tuple[int, list[str]]:
-        """Move spooled events into the journal; files go only after the commit.
-
-        Returns (events added, files that could not be parsed). Unparseable
-        files are renamed to *.bad so they are kept for a person to look at but
-        not read again.
-        """
-        events: list[Event] = []
-        paths: list[str] = []
-        bad: list[str] = []
-        for path in list_spool(spool_dir):
-            try:
-                events.append(read_spool(path))
-                paths.append(path)
-            except (OSError, WireError, ValueError, TypeError) as exc:
-                bad.append(f"{os.path.basename(path)}: {exc}")
-                try:
-                    os.rename(path, path + ".bad")
-                except OSError:
-                    pass
-        if not events:
-            return 0, bad
-        added = self.append_many(events)
-        for path in paths:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-        return sum(added), bad
-
 
 class _Tx:
+    """One write transaction. Whatever fails (our slot busy, BEGIN refused after SQLite's busy
+    timeout, COMMIT failing), the slot is released and the connection is out of any
+    transaction afterwards: one failure never wedges the journal."""
+
     def __init__(self, journal: Journal, durable: bool) -> None:
         self.journal = journal
         self.durable = durable
 
     def __enter__(self) -> sqlite3.Connection:
-        self.journal._lock.acquire()
-        self.journal._db.execute(f"PRAGMA synchronous={'FULL' if self.durable else 'NORMAL'}")
-        self.journal._db.execute("BEGIN IMMEDIATE")
-        return self.journal._db
+        j = self.journal
+        if not j._lock.acquire(timeout=limits.JOURNAL_LOCK_WAIT):
+            exc = JournalBusy(f"journal write slot busy for {limits.JOURNAL_LOCK_WAIT:.0f}s")
+            j._wrote(exc)
+            raise exc
+        try:
+            j.writes.busy_since = node_seconds()
+            j._db.execute(f"PRAGMA synchronous={'FULL' if self.durable else 'NORMAL'}")
+            j._db.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            self._end(exc)
+            raise
+        return j._db
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        db = self.journal._db
         try:
-            self.journal._db.execute("ROLLBACK" if exc_type else "COMMIT")
-        finally:
-            self.journal._lock.release()
+            db.execute("ROLLBACK" if exc_type else "COMMIT")
+        except BaseException as end_exc:
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            self._end(end_exc)
+            raise
+        self._end(exc if isinstance(exc, sqlite3.Error) else None)
 
+    def _end(self, exc: BaseException | None) -> None:
+        j = self.journal
+        j.writes.busy_since = 0.0
+        try:
+            j._wrote(exc if exc is None or isinstance(exc, (sqlite3.Error, OSError)) else None)
+        finally:
+            j._lock.release()

@@ -213,3 +213,18 @@ def validate_entry(entry: dict[str, Any]) -> None:
     errors = check_entry(entry)
     if errors:
         raise InvalidEntry("; ".join(errors))
+
+# ---- Journal, housekeeping and health bounds (publisher/journal.py, resync.py, health.py, metrics.py).
+JOURNAL_BUSY_TIMEOUT = 5.0  # seconds SQLite waits for another process's write lock before a statement fails
+JOURNAL_LOCK_WAIT = 30.0  # seconds a thread waits for the publisher's own write slot before giving up
+JOURNAL_READ_WAIT = 2.0  # seconds a probe-side reader (status, /metrics) waits for the read connection
+JOURNAL_WEDGED = 60.0  # a journal write in flight or failing this long fails liveness (/healthz)
+LOOP_STALLED = 300.0  # a worker or housekeeping loop with no completed iteration this long fails liveness
+THREAD_RESTART_BUDGET = 5  # crashes of one thread within THREAD_RESTART_WINDOW before liveness fails
+THREAD_RESTART_WINDOW = 300.0
+STEP_BACKOFF_CAP = 60.0  # cap of the backoff of a failing housekeeping step (spool, retries, resync)
+PRUNE_BATCH = 500  # rows one pruning transaction deletes: an ack never waits behind a long prune
+INGEST_BATCH = 128  # spooled events one ingestion transaction commits
+HTTP_WORKERS = 4  # threads answering /metrics, /healthz, /readyz
+HTTP_QUEUE = 16  # accepted connections waiting for one of them; more are closed at once
+HTTP_TIMEOUT = 5.0  # seconds a metrics/probe connection may take to send its request

@@ -8,16 +8,25 @@ the name (`_seconds`), counters end in `_total` (written out here; the client
 library would add it anyway), and `netclaim_build_info` is a constant 1 whose
 labels say which build is running. The backlog gauges (journal and spool
 depth, age of the oldest pending event) are computed when scraped, so an
-alert on a stuck publisher needs no cooperation from the stuck part.
+alert on a stuck publisher needs no cooperation from the stuck part; a
+gauge that reads the journal uses its read connection with a bound, and
+shows its last value when that fails, so a scrape never blocks on it.
+
+The HTTP server is reachable from every pod of the node (the chart listens on
+the node's IP), so it is bounded like any production server: a fixed pool of
+threads, a short queue (connections beyond it are closed at once), a socket
+timeout and an overall deadline per connection.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import queue
+import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -26,6 +35,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 from cni_plugin import __version__
 from cni_plugin.wire import PROTOCOL_VERSION, SPOOL_SUFFIX
+
+from . import limits
 
 
 class Metrics:
@@ -75,22 +86,38 @@ class Metrics:
         self.events_ignored = Counter(
             "netclaim_events_ignored_total", "Events that need no publishing and are no failure, by reason",
             ["reason"], registry=r)
+        self.http_refused = Counter(
+            "netclaim_http_connections_refused_total", "Connections to /metrics, /healthz, /readyz closed at "
+            "once because every handler was busy and the queue was full", registry=r)
 
-    def watch_backlog(self, spool_dir: str, oldest_journaled: Callable[[], float | None]) -> None:
+    def watch_backlog(self, spool_dir: str, oldest_journaled_age: Callable[[], float | None],
+                      spooled: Callable[[], list[float]] | None = None) -> None:
         """Compute the spool depth and oldest-pending age at scrape time.
 
-        `oldest_journaled` returns the receive time (epoch seconds) of the
-        oldest pending journal event, or None. Spool files carry their write
-        time in the name (nanoseconds), so no file is opened for this.
+        `oldest_journaled_age` returns the age in seconds of the oldest pending
+        journal event, or None; when it fails (journal busy) the last value
+        is shown. `spooled` returns the write times (wall seconds) of the spool
+        files still to ingest (default: from the names in `spool_dir`, so no
+        file is opened for this).
         """
-        self.spool_depth.set_function(lambda: len(spool_times(spool_dir)))
+        times_of = spooled or (lambda: spool_times(spool_dir))
+        self.spool_depth.set_function(lambda: len(times_of()))
+        last = [0.0]
+
+        def journaled_age() -> float | None:
+            try:
+                return oldest_journaled_age()
+            except Exception:  # noqa: BLE001 - a scrape shows the last known value, never blocks or fails
+                return last[0] or None
 
         def oldest_age() -> float:
-            times = spool_times(spool_dir)
-            journaled = oldest_journaled()
+            times = times_of()
+            ages = [max(0.0, time.time() - min(times))] if times else []
+            journaled = journaled_age()
             if journaled is not None:
-                times.append(journaled)
-            return max(0.0, time.time() - min(times)) if times else 0.0
+                ages.append(journaled)
+            last[0] = journaled or 0.0
+            return max(ages) if ages else 0.0
 
         self.oldest_pending_age.set_function(oldest_age)
 
@@ -117,37 +144,107 @@ def spool_times(spool_dir: str) -> list[float]:
 
 
 class HealthServer:
-    """Serves /metrics, /healthz (process alive) and /readyz (journal open and socket serving)."""
+    """Serves /metrics, /healthz (liveness) and /readyz (readiness) with bounded threads."""
 
-    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> None:
+    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]],
+                 live: Callable[[], tuple[bool, str]] = lambda: (True, "")) -> None:
         host, _, port = address.rpartition(":")
-        handler = _handler(metrics, ready)
-        self.httpd = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
+        handler = _handler(metrics, ready, live)
+        self.httpd = BoundedHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), handler,
+                                       metrics.http_refused.inc)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.5,), name="metrics", daemon=True)
 
     @property
     def port(self) -> int:
         return self.httpd.server_address[1]
 
     def start(self) -> None:
+        self.httpd.start_pool()
         self.thread.start()
 
     def stop(self) -> None:
         self.httpd.shutdown()
+        self.httpd.stop_pool()
         self.httpd.server_close()
 
 
-def _handler(metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> Any:
+class BoundedHTTPServer(HTTPServer):
+    """HTTPServer with `limits.HTTP_WORKERS` handler threads and a queue of `limits.HTTP_QUEUE`.
+
+    The stock ThreadingHTTPServer starts one thread per connection and never
+    times out an idle one, so any pod of the node could pile up threads.
+    Here a connection waits in a short queue for a handler, or is closed at
+    once when the queue is full; a handler gives it `limits.HTTP_TIMEOUT` per
+    read and twice that in all (the serving thread shuts down late ones, which
+    ends a slow sender's trickle too).
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: Any, refused: Callable[[], None]) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, handler)
+        self.refused = refused
+        self.waiting: queue.Queue = queue.Queue(maxsize=limits.HTTP_QUEUE)
+        self.active: dict[int, tuple[socket.socket, float]] = {}  # handler index -> (connection, deadline)
+        self.pool = [threading.Thread(target=self._work, args=(i,), name=f"metrics-{i}", daemon=True)
+                     for i in range(limits.HTTP_WORKERS)]
+
+    def start_pool(self) -> None:
+        for t in self.pool:
+            t.start()
+
+    def stop_pool(self) -> None:
+        for _ in self.pool:
+            try:
+                self.waiting.put_nowait(None)
+            except queue.Full:
+                break
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            self.waiting.put_nowait((request, client_address))
+        except queue.Full:
+            self.refused()
+            self.shutdown_request(request)
+
+    def _work(self, index: int) -> None:
+        while True:
+            item = self.waiting.get()
+            if item is None:
+                return
+            request, client_address = item
+            self.active[index] = (request, time.monotonic() + 2 * limits.HTTP_TIMEOUT)
+            try:
+                self.finish_request(request, client_address)
+            except Exception:  # noqa: BLE001 - a broken client is not a log event
+                pass
+            finally:
+                self.active.pop(index, None)
+                self.shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """Called by serve_forever between polls: end connections past their deadline."""
+        now = time.monotonic()
+        for conn, deadline in list(self.active.values()):
+            if now > deadline:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def _handler(metrics: Metrics, ready: Callable[[], tuple[bool, str]], live: Callable[[], tuple[bool, str]]) -> Any:
     class Handler(BaseHTTPRequestHandler):
+        timeout = limits.HTTP_TIMEOUT  # per read/write on the connection (StreamRequestHandler.setup)
+
         def do_GET(self) -> None:  # noqa: N802 (http.server API)
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, metrics.exposition(), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                self._send(200, b"ok\n")
-            elif path == "/readyz":
-                ok, why = ready()
+            elif path in ("/healthz", "/readyz"):
+                ok, why = (live if path == "/healthz" else ready)()
                 self._send(200 if ok else 503, (why or "ok").encode() + b"\n")
             else:
                 self._send(404, b"not found\n")

@@ -103,6 +103,12 @@ class SocketServer:
         self._thread.start()
         self.log.info("listening", extra={"socket": self.path})
 
+    def serving(self) -> str:
+        """"" while the accept loop runs; otherwise why not (a liveness check: nothing else accepts)."""
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping.is_set():
+            return "thread: the socket's accept loop has ended"
+        return ""
+
     def stop(self) -> None:
         self._stopping.set()
         if self._sock is not None:
@@ -197,7 +203,12 @@ class SocketServer:
         kind = message.get("kind")
         if kind == "status":
             # {"brief": true}: only the counters (quiescence polls), not the per-claim list.
-            st = self.status(brief=True) if message.get("brief") is True else self.status()
+            try:
+                st = self.status(brief=True) if message.get("brief") is True else self.status()
+            except Exception as exc:  # noqa: BLE001 - e.g. the journal's read connection busy past its bound
+                self.log.warning("status unavailable", extra={"error": str(exc)})
+                self._reply(conn, {"ok": False, "error": f"status unavailable: {exc}"})
+                return True
             self._reply(conn, {"ok": True, "status": st})
             return True
         if kind != "event":

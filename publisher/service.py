@@ -9,21 +9,25 @@
 Workers are sharded by containerID, so the events of one attachment are
 handled by one thread in journal order; other sandboxes run in parallel.
 Every thread runs under a supervisor that logs a crash, marks the thread
-down (/readyz says so) and starts it again after a short delay.
+down (/readyz says so) and starts it again after a short delay; past its
+restart budget liveness fails too. Loops record heartbeats and parts record
+faults in `health` (publisher/health.py), which the probes read without
+touching the journal.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cni_plugin.wire import Event, list_spool
+from cni_plugin.wire import Event
 
 from . import limits, logs
+from .clock import node_seconds, wall
 from .events import EventRecorder
+from .health import Health
 from .intake import Intake
 from .journal import Journal, Pending, shard_key
 from .kube import Kube, TransientError
@@ -58,7 +62,10 @@ class Service:
         self.metrics = metrics
         self.log = logs.get()
         self.stopping = threading.Event()
-        self.journal = Journal(settings.state_dir)
+        self.health = Health()
+        self.journal = Journal(settings.state_dir, on_fault=lambda why: self.health.fault("journal", why),
+                               on_recover=lambda: self.health.clear("journal"))
+        self.health.checks.append(self.journal.wedged)
         self.events = EventRecorder(kube, settings.node_name, lambda result: metrics.k8s_events.labels(result).inc(),
                                     enabled=settings.emit_events)
         self.report = Reporter(metrics, self.events)
@@ -69,11 +76,12 @@ class Service:
                              applied=self.journal.applied_hashes(), remember=self.journal.set_applied)
         self.reconciler = Reconciler(kube, self.journal, self.writer, self.pods, settings.node_name, self.report)
         self._wake = [threading.Event() for _ in range(settings.workers)]
-        self.intake = Intake(self.journal, settings.spool_dir, settings.node_name, self.report, self._notify)
+        self.intake = Intake(self.journal, settings.spool_dir, settings.node_name, self.report, self._notify,
+                             self.health)
         self.housekeeping = Housekeeping(
             self.journal, self.reconciler, self.writer, self.intake.ingest_spool, self.report.forget_claims,
             metrics, self.stopping, settings.resync_interval, settings.spool_interval, settings.retry_base,
-            settings.retry_cap, lambda: self.intake.last_ingest)
+            settings.retry_cap, lambda: self.intake.last_ingest, self.health)
         self.rules = Rules(self.journal, self.resolver, self.reconciler, self.report,
                            RuleSettings(settings.resolve_timeout, settings.retry_cap), self.housekeeping.claim_retry)
         self._threads: list[threading.Thread] = []
@@ -107,8 +115,8 @@ class Service:
     def start(self) -> None:
         try:
             self.ingest_spool()
-        except Exception:
-            self.log.exception("spool ingestion at start failed")
+        except Exception as exc:  # the journal reports itself; housekeeping tries again
+            self.log.error("spool ingestion at start failed", extra={"error": str(exc)})
         self.events.start()
         self.pods.start()
         for shard in range(self.settings.workers):
@@ -117,6 +125,8 @@ class Service:
         self.started = True
 
     def _spawn(self, name: str, body: Callable[[], None]) -> None:
+        if name == "housekeeping" or name.startswith("worker-"):
+            self.health.beat(name)  # a loop that never completes its first iteration counts too
         t = threading.Thread(target=self._supervise, args=(name, body), name=name, daemon=True)
         t.start()
         self._threads.append(t)
@@ -129,11 +139,17 @@ class Service:
                 return
             except BaseException as exc:  # noqa: BLE001 - a node service must not lose a thread
                 self.down[name] = f"{name} crashed: {type(exc).__name__}: {exc}"
-                self.log.exception("thread crashed, restarting", extra={"component": name})
+                self.health.fault(f"thread:{name}", self.down[name])
+                crashes = self.health.crashed(name)
+                self.log.exception("thread crashed, restarting", extra={"component": name, "crashes": crashes})
                 if self.stopping.wait(limits.WORKER_RESTART_DELAY):
                     return
                 self.down.pop(name, None)  # running again
+                self.health.clear(f"thread:{name}")
+                if name in self.health.beats:
+                    self.health.beat(name)
         self.down.pop(name, None)
+        self.health.clear(f"thread:{name}")
 
     def stop(self, timeout: float = 5.0) -> None:
         self.stopping.set()
@@ -153,46 +169,64 @@ class Service:
         # A replay right after start would otherwise GET every pod the watch is
         # about to deliver anyway; wait a little for the first listing.
         self.pods.synced.wait(5.0)
+        read_failed = False
         while not self.stopping.is_set():
+            self.health.beat(name)
             self._wake[shard].clear()
             try:
-                batch = self.journal.ready(shard, n, time.time())
-            except Exception as exc:
-                self.intake.journal_error = f"journal not readable: {exc}"
-                self.log.exception("journal read failed")
+                batch = self.journal.ready(shard, n, node_seconds())
+                due = None if batch else self.journal.next_due(shard, n)
+            except Exception as exc:  # noqa: BLE001 - the journal may come back: keep the worker
+                read_failed = True
+                if self.health.fault("journal", f"not readable: {exc}"):
+                    self.log.error("journal read failed", extra={"component": name, "error": str(exc)})
                 self.stopping.wait(1.0)
                 continue
+            if read_failed and not self.journal.writes.failing_since:
+                read_failed = False
+                self.health.clear("journal")  # reading works again (a write failure clears on its own)
             self.down.pop(name, None)
             if not batch:
-                due = self.journal.next_due(shard, n)
-                wait = 5.0 if due is None else max(0.0, min(5.0, due - time.time()))
+                wait = 5.0 if due is None else max(0.0, min(5.0, due - node_seconds()))
                 self._wake[shard].wait(wait)
                 continue
             for pending in batch:
                 if self.stopping.is_set():
                     return
                 self._handle(pending)
+                self.health.beat(name)
             self._gauges()
 
     def _handle(self, pending: Pending) -> None:
         """One event; a failure is reported and the event kept or dropped, never the worker."""
         try:
             self.rules.process(pending)
-            self.intake.journal_error = ""
+            self.health.clear("journal")  # the event's outcome was committed: the journal works
         except TransientError:
-            self.journal.reschedule(pending.seq, time.time() + 1.0, "API unavailable")
+            self._reschedule(pending, 1.0, "API unavailable")
         except Exception as exc:  # a bug, or the journal failing: the event must not be lost
             self.log.exception("event handling failed", extra=event_fields(pending.event))
-            try:
-                self.journal.reschedule(pending.seq, time.time() + 5.0, f"internal error: {exc}")
+            if self._reschedule(pending, 5.0, f"internal error: {exc}"):
                 self.report.error(f"internal error: {exc}", pending.event)
-            except Exception as jexc:
-                self.intake.journal_error = f"journal not writable: {jexc}"
-                self.stopping.wait(1.0)
+
+    def _reschedule(self, pending: Pending, delay: float, error: str) -> bool:
+        """Retry the event after `delay`; a journal that cannot even record that is a journal fault."""
+        try:
+            self.journal.reschedule(pending.seq, node_seconds() + delay, error)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            if self.health.fault("journal", f"not writable: {exc}"):
+                self.log.error("journal write failed", extra={"error": str(exc)})
+            self.stopping.wait(1.0)
+            return False
 
     def _gauges(self) -> None:
-        self.metrics.journal_depth.set(self.journal.depth())
-        self.metrics.attachments.set(self.journal.attachment_count())
+        """Cached in the gauges: a scrape never reads the journal for these."""
+        try:
+            self.metrics.journal_depth.set(self.journal.depth())
+            self.metrics.attachments.set(self.journal.attachment_count())
+        except Exception:  # noqa: BLE001 - a gauge is not worth a failure; the next batch sets it
+            pass
 
     def request_resync(self) -> None:
         """Resync as soon as the housekeeping thread wakes (`netclaim-publisher resync`)."""
@@ -201,31 +235,46 @@ class Service:
     # ------------------------------------------------------------ health and status
 
     def ready(self) -> tuple[bool, str]:
+        """Readiness (/readyz): every fault, the component first; never reads the journal."""
         if not self.started:
             return False, "starting"
         if self.stopping.is_set():
             return False, "stopping"
-        if self.down:
-            return False, "; ".join(sorted(self.down.values()))
-        if self.intake.journal_error:
-            return False, self.intake.journal_error
+        ok, why = self.health.readiness()
+        reasons = [why] if why else []
         api = self.kube.health()
         if api.unauthorized >= limits.UNAUTHORIZED_NOT_READY:
-            return False, f"API refuses the credentials: {api.unauthorized} consecutive 401s"
-        if api.failing_since and time.time() - api.failing_since > limits.API_DOWN_NOT_READY:
-            return False, f"API unreachable for {time.time() - api.failing_since:.0f}s: {api.last_error}"
-        return True, ""
+            reasons.append(f"credentials: the API refuses them: {api.unauthorized} consecutive 401s")
+        # kube.py stamps failing_since with the wall clock; compare with the same clock.
+        if api.failing_since and wall() - api.failing_since > limits.API_DOWN_NOT_READY:
+            reasons.append(f"api: unreachable for {wall() - api.failing_since:.0f}s: {api.last_error}")
+        return (not reasons), "; ".join(reasons)
+
+    def live(self) -> tuple[bool, str]:
+        """Liveness (/healthz): False only when a restart is the cure (see publisher/health.py)."""
+        if not self.started or self.stopping.is_set():
+            return True, ""
+        return self.health.liveness()
+
+    def oldest_pending_age(self) -> float | None:
+        """Seconds the oldest pending journal event has waited (node time), or None."""
+        received = self.journal.oldest_received()
+        return None if received is None else max(0.0, node_seconds() - received)
 
     def spool_files(self) -> int:
-        return len(list_spool(self.settings.spool_dir))
+        return len(self.intake.pending_files())
+
+    def _counters(self) -> dict[str, Any]:
+        depth, spooled, dirty = self.journal.depth(), self.spool_files(), self.journal.dirty_count()
+        return {"node": self.settings.node_name, "journal_depth": depth, "spool_files": spooled,
+                "spool_stuck_files": len(self.intake.stuck), "dirty_claims": dirty,
+                "quiescent": depth == 0 and spooled == 0 and dirty == 0,
+                "last_resync": self.housekeeping.last_resync or None,
+                "resync_failures": self.housekeeping.resync_failures}
 
     def brief_status(self) -> dict[str, Any]:
         """The counters a poll for quiescence needs, cheap enough to ask every few ms."""
-        depth, spooled, dirty = self.journal.depth(), self.spool_files(), self.journal.dirty_count()
-        return {"node": self.settings.node_name, "journal_depth": depth, "spool_files": spooled,
-                "dirty_claims": dirty, "quiescent": depth == 0 and spooled == 0 and dirty == 0,
-                "last_resync": self.housekeeping.last_resync or None,
-                "resync_failures": self.housekeeping.resync_failures}
+        return self._counters()
 
     def status(self, brief: bool = False) -> dict[str, Any]:
         if brief:
@@ -238,22 +287,17 @@ class Service:
             keys = sorted(claims, key=lambda k: (claims[k]["state"] == "published", k))[: limits.STATUS_MAX_CLAIMS]
             claims = {k: claims[k] for k in sorted(keys)}
         ready, why = self.ready()
-        depth, spooled, dirty = self.journal.depth(), self.spool_files(), self.journal.dirty_count()
+        live, dead_why = self.live()
         tombstones, fences = self.journal.order_marks()
         api = self.kube.health()
-        hk = self.housekeeping
         return {
+            **self._counters(),
             "claims_total": total,
-            "node": self.settings.node_name,
             "ready": ready,
             "not_ready_reason": why,
-            "journal_depth": depth,
-            "spool_files": spooled,
-            "dirty_claims": dirty,
-            "quiescent": depth == 0 and spooled == 0 and dirty == 0,
-            "last_resync": hk.last_resync or None,
-            "resync_failures": hk.resync_failures,
-            "last_spool_ingest": self.intake.last_ingest or None,
+            "live": live,
+            "not_live_reason": dead_why,
+            "last_spool_ingest": self.intake.last_ingest_wall or None,
             "oldest_pending": self.journal.oldest_pending(),
             "attachments": self.journal.attachment_count(),
             "tombstones": tombstones,
@@ -264,6 +308,8 @@ class Service:
                             "reloads": api.reloads, "last_reload": api.last_reload or None},
             "spool_overflow": dict(self.intake.overflow),
             "threads_down": dict(self.down),
+            "housekeeping_steps": {k: {"failures": v.failures, "error": v.error}
+                                   for k, v in self.housekeeping.steps.items() if v.failures},
             "pid": os.getpid(),
             "claims": claims,
         }

@@ -74,7 +74,7 @@ def test_metric_names_follow_prometheus_conventions_and_backlog_gauges(tmp_root:
     (spool / f"{old:020d}-abc.event.json").write_text("{}")
     (spool / f"{time.time_ns():020d}-def.event.json").write_text("{}")
     (spool / "junk.tmp").write_text("")
-    journaled = [time.time() - 30.0]
+    journaled = [30.0]  # age of the oldest pending journal event, seconds
     metrics.watch_backlog(str(spool), lambda: journaled[0])
     families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
     for fam in families.values():

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 from cni_plugin.wire import Event, PodRef, legacy_order, new_order, order_before
+from publisher.clock import node_seconds
 from publisher.journal import Attachment, Journal
 from publisher.rules import gc_victims, stale_reason
 from publisher_testkit import cni_result, wire_event
@@ -66,9 +65,9 @@ def test_marks_are_kept_while_something_older_can_arrive(workdir):
     dele = wire_event("DEL", "c1", POD)
     j.finish(None, tombstone=(dele.attachment, dele.order))
     j.append(wire_event("ADD", "c9", POD, cni_result()))  # still pending
-    assert j.prune_order_marks(time.time() + 1) == 0 and j.order_marks() == (1, 0)
-    [p] = j.ready(0, 1, time.time())
+    assert j.prune_order_marks(node_seconds() + 1) == 0 and j.order_marks() == (1, 0)
+    [p] = j.ready(0, 1, node_seconds())
     j.finish(p.seq)
-    assert j.prune_order_marks(time.time() - 3600) == 0  # recorded after the cutoff: kept
-    assert j.prune_order_marks(time.time() + 1) == 1 and j.order_marks() == (0, 0)
+    assert j.prune_order_marks(node_seconds() - 3600) == 0  # recorded after the cutoff: kept
+    assert j.prune_order_marks(node_seconds() + 1) == 1 and j.order_marks() == (0, 0)
     j.close()
