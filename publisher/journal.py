@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from . import limits, logs
 from .clock import node_seconds, wall
-from cni_plugin.wire import Event, _boot_id, legacy_order, order_before
+from cni_plugin.wire import Event, WireError, _boot_id, legacy_order, order_before
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -338,8 +338,19 @@ class Journal:
             "  AND p.ifname=e.ifname AND p.seq < e.seq)"
             " ORDER BY seq LIMIT ?",
             (shards, shard, now, limit))
-        return [Pending(seq, Event.from_dict(json.loads(body)), attempts, received)
-                for seq, body, attempts, received in rows]
+        out = []
+        for seq, body, attempts, received in rows:
+            try:
+                out.append(Pending(seq, Event.from_dict(json.loads(body)), attempts, received))
+            except (WireError, ValueError, TypeError, RecursionError) as exc:
+                self._poisoned(seq, exc)
+        return out
+
+    def _poisoned(self, seq: int, exc: Exception) -> None:
+        """A journaled event that no longer parses (journaled by a release with looser input
+        checks) is failed at once: left pending it would hold its shard's queue forever."""
+        logs.get().error("journaled event unreadable, failed", extra={"seq": seq, "error": str(exc)[:300]})
+        self.finish(seq, "failed", f"journaled event unreadable: {exc}"[:500])
 
     def next_due(self, shard: int, shards: int) -> float | None:
         """When the next event of the shard may run: only the head of each attachment's

@@ -228,3 +228,4 @@ INGEST_BATCH = 128  # spooled events one ingestion transaction commits
 HTTP_WORKERS = 4  # threads answering /metrics, /healthz, /readyz
 HTTP_QUEUE = 16  # accepted connections waiting for one of them; more are closed at once
 HTTP_TIMEOUT = 5.0  # seconds a metrics/probe connection may take to send its request
+INTERNAL_ERROR_RETRIES = 3  # an event whose handling raised a non-journal error this often is failed, not retried forever

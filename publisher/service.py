@@ -18,6 +18,7 @@ touching the journal.
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -204,10 +205,34 @@ class Service:
             self.health.clear("journal")  # the event's outcome was committed: the journal works
         except TransientError:
             self._reschedule(pending, 1.0, "API unavailable")
-        except Exception as exc:  # a bug, or the journal failing: the event must not be lost
+        except (sqlite3.Error, OSError) as exc:  # the journal failing: the event must not be lost
             self.log.exception("event handling failed", extra=event_fields(pending.event))
-            if self._reschedule(pending, 5.0, f"internal error: {exc}"):
-                self.report.error(f"internal error: {exc}", pending.event)
+            if self._reschedule(pending, 5.0, f"journal error: {exc}"):
+                self.report.error(f"journal error: {exc}", pending.event)
+        except Exception as exc:  # noqa: BLE001 - a bug or an input no rule can take
+            self._internal_error(pending, exc)
+
+    def _internal_error(self, pending: Pending, exc: Exception) -> None:
+        """An error that is not the journal's: retried a few times, then failed for good.
+
+        Such an error comes from the event itself (an input the rules cannot take)
+        or from a bug; either way it repeats, and a retry loop every few seconds
+        would hold the attachment's later CHECK and DEL behind it forever.
+        """
+        self.log.exception("event handling failed", extra=event_fields(pending.event))
+        error = f"internal error: {type(exc).__name__}: {exc}"[:500]
+        permanent = isinstance(exc, (RecursionError, MemoryError))
+        if permanent or pending.attempts + 1 >= limits.INTERNAL_ERROR_RETRIES:
+            try:
+                self.journal.finish(pending.seq, "failed", error)
+            except Exception as jexc:  # noqa: BLE001
+                self.health.fault("journal", f"not writable: {jexc}")
+                return
+            self.metrics.events_failed.labels("internal_error").inc()
+            self.report.error(error, pending.event)
+            return
+        if self._reschedule(pending, 5.0, error):
+            self.report.error(error, pending.event)
 
     def _reschedule(self, pending: Pending, delay: float, error: str) -> bool:
         """Retry the event after `delay`; a journal that cannot even record that is a journal fault."""
