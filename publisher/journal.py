@@ -15,11 +15,13 @@ import sqlite3
 import threading
 import time
 import zlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import limits
-from cni_plugin.wire import Event, WireError, legacy_order, list_spool, order_before, read_spool
+from .order import BootOrder
+from cni_plugin.wire import Event, WireError, legacy_order, list_spool, read_spool
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -84,6 +86,11 @@ CREATE TABLE IF NOT EXISTS dirty (
     attempts INTEGER NOT NULL DEFAULT 0,
     next_try REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (claim_namespace, claim_name)
+);
+CREATE TABLE IF NOT EXISTS boots (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    boot_id TEXT UNIQUE NOT NULL,
+    first_seen REAL
 );
 """
 # Columns added after the first release: (table, column, declaration) for journals written before.
@@ -196,19 +203,20 @@ class Journal:
                     self._supersede(db, ev, now)
         return added
 
-    @staticmethod
-    def _supersede(db: sqlite3.Connection, dele: Event, now: float) -> None:
+    def _supersede(self, db: sqlite3.Connection, dele: Event, now: float) -> None:
         """A DEL retires the pending ADD/CHECK of its attachment that happened before it.
 
         Without this a DEL queued behind an ADD that is backing off (claim not
         allocated yet) would wait up to the resolve timeout; the tombstone the
-        DEL leaves would make the ADD a no-op anyway.
+        DEL leaves would make the ADD a no-op anyway. "Before" is the boot order
+        (publisher/order.py), never the wall clock across boots.
         """
+        order = self.ordering()
         rows = db.execute(
             "SELECT seq, body FROM events WHERE state='pending' AND container_id=? AND ifname=?"
             " AND op IN ('ADD','CHECK')", (dele.container_id, dele.ifname)).fetchall()
         for seq, body in rows:
-            if order_before(Event.from_dict(json.loads(body)).order, dele.order):
+            if order.before(Event.from_dict(json.loads(body)).order, dele.order):
                 db.execute("UPDATE events SET state='done', error='superseded by a later DEL', finished=?"
                            " WHERE seq=?", (now, seq))
 
@@ -501,6 +509,34 @@ class Journal:
             except FileNotFoundError:
                 pass
         return sum(added), bad
+
+    # ------------------------------------------------------------ boots (ranked by publisher/order.py)
+
+    _boot_order: BootOrder | None = None
+
+    def boot_seq(self, boot_id: str) -> tuple[int, bool]:
+        """The sequence number of a boot id, given the next one when it is first seen.
+
+        Returns (seq, committed): inside an open transaction (a DEL's intake) the
+        new row commits or rolls back with it, so the caller must not cache it.
+        """
+        with self._lock:
+            pending = self._db.in_transaction
+            self._db.execute("INSERT OR IGNORE INTO boots(boot_id, first_seen) VALUES (?,?)", (boot_id, time.time()))
+            seq = self._db.execute("SELECT seq FROM boots WHERE boot_id=?", (boot_id,)).fetchone()[0]
+        return seq, not pending
+
+    def ordering(self) -> BootOrder:
+        """This journal's BootOrder (publisher/order.py); the first call registers the current boot."""
+        with self._lock:
+            if self._boot_order is None:
+                self._boot_order = BootOrder(self)
+            return self._boot_order
+
+    def atomically(self) -> AbstractContextManager[Any]:
+        """Held around a read-check-commit sequence (an ordering rule checks staleness and
+        commits): no other journal reader or writer runs in between."""
+        return self._lock
 
 
 class _Tx:
