@@ -517,14 +517,15 @@ class Journal:
     def boot_seq(self, boot_id: str) -> tuple[int, bool]:
         """The sequence number of a boot id, given the next one when it is first seen.
 
-        Returns (seq, committed): inside an open transaction (a DEL's intake) the
-        new row commits or rolls back with it, so the caller must not cache it.
+        Returns (seq, committed): inside the write transaction of a DEL's intake
+        (_supersede) the new row commits or rolls back with it, so the caller must
+        not cache it; otherwise it is committed in its own transaction.
         """
         with self._lock:
-            pending = self._db.in_transaction
-            self._db.execute("INSERT OR IGNORE INTO boots(boot_id, first_seen) VALUES (?,?)", (boot_id, time.time()))
-            seq = self._db.execute("SELECT seq FROM boots WHERE boot_id=?", (boot_id,)).fetchone()[0]
-        return seq, not pending
+            if self._db.in_transaction:
+                return _boot_row(self._db, boot_id), False
+        with self._tx() as db:
+            return _boot_row(db, boot_id), True
 
     def ordering(self) -> BootOrder:
         """This journal's BootOrder (publisher/order.py); the first call registers the current boot."""
@@ -556,3 +557,8 @@ class _Tx:
         finally:
             self.journal._lock.release()
 
+
+def _boot_row(db: sqlite3.Connection, boot_id: str) -> int:
+    """The boots row of `boot_id`, inserted with the next sequence number when new."""
+    db.execute("INSERT OR IGNORE INTO boots(boot_id, first_seen) VALUES (?,?)", (boot_id, time.time()))
+    return db.execute("SELECT seq FROM boots WHERE boot_id=?", (boot_id,)).fetchone()[0]

@@ -31,7 +31,6 @@ from typing import Any, Callable
 from cni_plugin.wire import Event
 
 from . import logs
-from .clock import node_seconds
 from .journal import Attachment, Journal, Pending
 from .order import BootOrder
 from .kube import PermanentError, TransientError
@@ -309,12 +308,12 @@ class Rules:
 
     def _retry_later(self, p: Pending, error: str, transient: bool, reason: str = "Unresolvable",
                      claim: str = "", claim_uid: str = "") -> None:
-        age = node_seconds() - p.received
+        age = time.time() - p.received
         if not transient and age > self.settings.resolve_timeout:
             self._fail(p, f"unresolved after {age:.0f}s: {error}", "unresolved", claim, reason, claim_uid)
             return
         delay = backoff_delay(p.attempts, 0.25, self.settings.retry_cap if transient else 10.0)
-        self.journal.reschedule(p.seq, node_seconds() + delay, error)
+        self.journal.reschedule(p.seq, time.time() + delay, error)
         if transient:
             self.report.error(error, p.event)
         if p.attempts in (0, 1, 3) or p.attempts % 10 == 0:
