@@ -159,7 +159,7 @@ def server_devices(claim: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class ClaimChanges:
-    """When each claim's journal state last changed, on one counter (ticks).
+    """When each claim last changed in the journal or was reconciled, on one counter (ticks).
 
     An ADD reconciles with the copy of the claim the resolver read, to save a
     GET. That copy may be stale by the time the ADD holds the claim's lock:
@@ -314,9 +314,17 @@ class Reconciler:
         for att, why in desired.dropped:
             self.log.info("attachment dropped", extra={"reason": why, "claim": f"{ns}/{name}",
                                                        **logs.attachment_fields(None, "", *att.key)})
-        dropped = {a.key for a, _ in desired.dropped}
-        moved = [a for a in desired.moved if a.key not in dropped]
-        self.journal.settle(ns, name, sorted(dropped), moved, applied)
+        with self.journal.atomically():  # an event committed since the plan wins over it
+            dropped = {a.key for a, _ in desired.dropped if self._as_planned(a)}
+            moved = [a for a in desired.moved if a.key not in dropped and self._as_planned(a)]
+            self.journal.settle(ns, name, sorted(dropped), moved, applied)
+
+    def _as_planned(self, att: Attachment) -> bool:
+        """Whether the journal still holds the attachment this reconcile planned with: a DEL,
+        GC or newer ADD committed meanwhile must not be undone by dropping or moving it."""
+        row = self.journal.attachment(*att.key)
+        return (row is not None and row.stamp == att.stamp and row.added == att.added
+                and row.claim_key == att.claim_key)
 
     def _gone(self, ns: str, name: str, message: str, trigger: Event | None) -> None:
         key = f"{ns}/{name}"
