@@ -15,12 +15,14 @@ import sqlite3
 import threading
 import time
 import zlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import limits, logs
 from .clock import node_seconds, wall
-from cni_plugin.wire import Event, WireError, _boot_id, legacy_order, order_before
+from .order import BootOrder
+from cni_plugin.wire import Event, WireError, _boot_id, legacy_order
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -85,6 +87,11 @@ CREATE TABLE IF NOT EXISTS dirty (
     attempts INTEGER NOT NULL DEFAULT 0,
     next_try REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (claim_namespace, claim_name)
+);
+CREATE TABLE IF NOT EXISTS boots (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    boot_id TEXT UNIQUE NOT NULL,
+    first_seen REAL
 );
 """
 # Columns added after the first release: (table, column, declaration) for journals written before.
@@ -309,19 +316,24 @@ class Journal:
                     self._supersede(db, ev, now)
         return added
 
-    @staticmethod
-    def _supersede(db: sqlite3.Connection, dele: Event, now: float) -> None:
+    def _supersede(self, db: sqlite3.Connection, dele: Event, now: float) -> None:
         """A DEL retires the pending ADD/CHECK of its attachment that happened before it.
 
         Without this a DEL queued behind an ADD that is backing off (claim not
         allocated yet) would wait up to the resolve timeout; the tombstone the
-        DEL leaves would make the ADD a no-op anyway.
+        DEL leaves would make the ADD a no-op anyway. "Before" is the boot order
+        (publisher/order.py), never the wall clock across boots.
         """
+        order = self.ordering()
         rows = db.execute(
             "SELECT seq, body FROM events WHERE state='pending' AND container_id=? AND ifname=?"
             " AND op IN ('ADD','CHECK')", (dele.container_id, dele.ifname)).fetchall()
         for seq, body in rows:
-            if order_before(Event.from_dict(json.loads(body)).order, dele.order):
+            try:
+                older = order.before(Event.from_dict(json.loads(body)).order, dele.order)
+            except (WireError, ValueError, TypeError, RecursionError):
+                continue  # unreadable: the worker fails it (ready); the DEL's ack must not depend on it
+            if older:
                 db.execute("UPDATE events SET state='done', error='superseded by a later DEL', finished=?"
                            " WHERE seq=?", (now, seq))
 
@@ -588,6 +600,35 @@ class Journal:
             else:
                 db.execute("INSERT OR REPLACE INTO applied(claim, body_hash) VALUES (?,?)", (claim, body_hash))
 
+    # ------------------------------------------------------------ boots (ranked by publisher/order.py)
+
+    _boot_order: BootOrder | None = None
+
+    def boot_seq(self, boot_id: str) -> tuple[int, bool]:
+        """The sequence number of a boot id, given the next one when it is first seen.
+
+        Returns (seq, committed): inside the write transaction of a DEL's intake
+        (_supersede) the new row commits or rolls back with it, so the caller must
+        not cache it; otherwise it is committed in its own transaction.
+        """
+        with self._lock:
+            if self._db.in_transaction:
+                return _boot_row(self._db, boot_id), False
+        with self._tx() as db:
+            return _boot_row(db, boot_id), True
+
+    def ordering(self) -> BootOrder:
+        """This journal's BootOrder (publisher/order.py); the first call registers the current boot."""
+        with self._lock:
+            if self._boot_order is None:
+                self._boot_order = BootOrder(self)
+            return self._boot_order
+
+    def atomically(self) -> AbstractContextManager[Any]:
+        """Held around a read-check-commit sequence (an ordering rule checks staleness and
+        commits): no other journal reader or writer runs in between."""
+        return self._lock
+
 
 class _Tx:
     """One write transaction. Whatever fails (our slot busy, BEGIN refused after SQLite's busy
@@ -634,3 +675,8 @@ class _Tx:
             j._wrote(exc if exc is None or isinstance(exc, (sqlite3.Error, OSError)) else None)
         finally:
             j._lock.release()
+
+def _boot_row(db: sqlite3.Connection, boot_id: str) -> int:
+    """The boots row of `boot_id`, inserted with the next sequence number when new."""
+    db.execute("INSERT OR IGNORE INTO boots(boot_id, first_seen) VALUES (?,?)", (boot_id, time.time()))
+    return db.execute("SELECT seq FROM boots WHERE boot_id=?", (boot_id,)).fetchone()[0]

@@ -29,17 +29,19 @@ has the latest order stamp (a CHECK of an older sandbox does not make it latest)
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from cni_plugin.wire import Event, PodRef, order_before
+from cni_plugin.wire import Event, PodRef
 
 from . import logs
 from .journal import Attachment, Journal
 from .kube import Kube, NotFound, PermanentError
+from .order import BootOrder
 from .report import Reporter, event_fields
 from .resolver import Unresolvable, allocated_node, choose_device, device_key
-from .writer import Writer, body_hash, sort_entries
+from .writer import Writer, body_hash, owned_keys, sort_entries
 
 
 @dataclass
@@ -98,21 +100,19 @@ def rechoose(att: Attachment, claim: dict[str, Any], bound: set[tuple[str, str, 
     return dataclasses.replace(att, pool=entry["pool"], device=entry["device"], share_id=share, entry=entry)
 
 
-def newest_sandbox(atts: list[Attachment]) -> Attachment:
+def newest_sandbox(atts: list[Attachment], order: BootOrder) -> Attachment:
     """The attachment a device's one entry shows: the sandbox whose ADD is the latest.
 
     By the ADD's stamp, not the latest event's: a CHECK of an older sandbox must
-    not make it the one shown (tests/model/test_regressions.py, finding F4).
+    not make it the one shown (tests/model/test_regressions.py, finding F4). By
+    the boot order: a sandbox of this boot outranks one of a previous boot
+    whatever the wall clocks say.
     """
-    latest = atts[0]
-    for att in atts[1:]:
-        if order_before(latest.added, att.added):
-            latest = att
-    return latest
+    return order.latest(atts, lambda a: a.added)
 
 
 def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
-         pod_alive: Callable[[Attachment], bool]) -> Desired:
+         pod_alive: Callable[[Attachment], bool], order: BootOrder) -> Desired:
     """Which attachments the claim's status shows, hides, or forgets (pure but for pod_alive)."""
     facts = claim_facts(claim)
     out = Desired()
@@ -143,7 +143,7 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
             out.dropped.append((att, f"pod {att.pod_namespace}/{att.pod_name} is gone"))
             continue
         by_device.setdefault(att.device_key, []).append(att)
-    out.shown = [newest_sandbox(by_device[k]) for k in sorted(by_device)]
+    out.shown = [newest_sandbox(by_device[k], order) for k in sorted(by_device)]
     out.entries = sort_entries([a.entry for a in out.shown])
     return out
 
@@ -158,11 +158,55 @@ def server_devices(claim: dict[str, Any]) -> list[dict[str, Any]]:
     return (claim.get("status") or {}).get("devices") or []
 
 
+class ClaimChanges:
+    """When each claim last changed in the journal or was reconciled, on one counter (ticks).
+
+    An ADD reconciles with the copy of the claim the resolver read, to save a
+    GET. That copy may be stale by the time the ADD holds the claim's lock:
+    another ADD of a shared claim may have been committed and applied with a
+    newer copy (e.g. one that reserves its pod). The copy is used only when no
+    other change of the claim was recorded between the read and the reconcile;
+    otherwise the claim is read again.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tick = 0
+        self._last: dict[str, int] = {}
+
+    def now(self) -> int:
+        """The tick to take before reading a claim copy."""
+        with self._lock:
+            return self._tick
+
+    def record(self, keys: Iterable[str], read_at: int | None = None) -> int | None:
+        """Record a change of `keys`; returns its tick when a copy read at `read_at` was
+        still current before it (no other change of these claims since), else None."""
+        with self._lock:
+            fresh = read_at is not None and all(self._last.get(k, 0) <= read_at for k in keys)
+            self._tick += 1
+            for key in keys:
+                self._last[key] = self._tick
+            return self._tick if fresh else None
+
+    def unchanged(self, key: str, tick: int | None) -> bool:
+        """True when the change recorded at `tick` is still the claim's last one."""
+        with self._lock:
+            return tick is not None and self._last.get(key) == tick
+
+    def forget_inactive(self, active: set[str]) -> None:
+        with self._lock:
+            for key in [k for k in self._last if k not in active]:
+                del self._last[key]
+
+
 class Reconciler:
     def __init__(self, kube: Kube, journal: Journal, writer: Writer, pods: Any, node: str,
-                 reporter: Reporter) -> None:
+                 reporter: Reporter, order: BootOrder | None = None) -> None:
         self.kube = kube
         self.journal = journal
+        self.order = order or journal.ordering()
+        self.changes = ClaimChanges()
         self.writer = writer
         self.pods = pods
         self.node = node
@@ -182,6 +226,7 @@ class Reconciler:
             self._rejected.pop(key, None)
         for key in [k for k in self._quarantine if k not in active]:
             self._quarantine.pop(key, None)
+        self.changes.forget_inactive(active)
 
     def _pod_alive(self, att: Attachment) -> bool:
         if self.pods is None:
@@ -189,13 +234,19 @@ class Reconciler:
         return self.pods.alive(att.pod_namespace, att.pod_name, att.pod_uid)
 
     def reconcile(self, ns: str, name: str, claim: dict[str, Any] | None = None,
-                  trigger: Event | None = None) -> bool:
+                  trigger: Event | None = None, copy_tick: int | None = None) -> bool:
         """Make the claim's status show the desired entries; True when an apply was sent.
 
-        Raises TransientError (the claim stays dirty; the caller retries later).
+        `claim` is a copy read earlier (by the resolver); it is used only when the
+        change recorded at `copy_tick` is still the claim's last one (ClaimChanges),
+        else the claim is read again. Raises TransientError (the claim stays dirty;
+        the caller retries later).
         """
         key = f"{ns}/{name}"
         with self.writer.claim_lock(key):
+            if claim is not None and not self.changes.unchanged(key, copy_tick):
+                claim = None  # another change of the claim came after the copy was read
+            self.changes.record([key])  # a copy read before this reconcile is now outdated
             if claim is None:
                 try:
                     claim = self.kube.get_claim(ns, name)
@@ -203,13 +254,14 @@ class Reconciler:
                     self._gone(ns, name, exc.message, trigger)
                     return False
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
-            desired = plan(claim, atts, self.node, self._pod_alive)
+            desired = plan(claim, atts, self.node, self._pod_alive, self.order)
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):
                 self.journal.clean(ns, name)
                 return False
             try:
-                wrote = self.writer.apply(ns, name, desired.entries, server_devices(claim), record=False)
+                wrote = self.writer.apply(ns, name, desired.entries, server_devices(claim), record=False,
+                                          owned=owned_keys(claim, self.writer.field_manager))
             except NotFound as exc:
                 self._gone(ns, name, exc.message, trigger)
                 return False
@@ -262,9 +314,17 @@ class Reconciler:
         for att, why in desired.dropped:
             self.log.info("attachment dropped", extra={"reason": why, "claim": f"{ns}/{name}",
                                                        **logs.attachment_fields(None, "", *att.key)})
-        dropped = {a.key for a, _ in desired.dropped}
-        moved = [a for a in desired.moved if a.key not in dropped]
-        self.journal.settle(ns, name, sorted(dropped), moved, applied)
+        with self.journal.atomically():  # an event committed since the plan wins over it
+            dropped = {a.key for a, _ in desired.dropped if self._as_planned(a)}
+            moved = [a for a in desired.moved if a.key not in dropped and self._as_planned(a)]
+            self.journal.settle(ns, name, sorted(dropped), moved, applied)
+
+    def _as_planned(self, att: Attachment) -> bool:
+        """Whether the journal still holds the attachment this reconcile planned with: a DEL,
+        GC or newer ADD committed meanwhile must not be undone by dropping or moving it."""
+        row = self.journal.attachment(*att.key)
+        return (row is not None and row.stamp == att.stamp and row.added == att.added
+                and row.claim_key == att.claim_key)
 
     def _gone(self, ns: str, name: str, message: str, trigger: Event | None) -> None:
         key = f"{ns}/{name}"

@@ -2,7 +2,8 @@
 
 Events are ordered by the stamp the plugin put on them where they happened
 (cni_plugin/wire.py new_order), never by arrival, so the socket and the spool
-give the same answer however late one of them is:
+give the same answer however late one of them is; stamps of different boots
+are ranked by the boot order (publisher/order.py), never by wall clock:
 
 | event | effect on the attachment (containerID + ifname) |
 |---|---|
@@ -13,7 +14,10 @@ give the same answer however late one of them is:
 
 Each rule commits its change and marks the claims it touches dirty in one
 journal transaction, then asks the reconciler (publisher/reconciler.py, the
-only writer) to bring those claims to the new desired state.
+only writer) to bring those claims to the new desired state. A rule checks
+order (tombstone, fences, newer event) and commits while holding the journal
+(Journal.atomically): an ADD resolves with API round trips in between, and a
+GC or DEL committed meanwhile must still make it stale.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cni_plugin.wire import Event, order_before
+from cni_plugin.wire import Event
 
 from . import logs
 from .clock import node_seconds
 from .journal import Attachment, Journal, Pending
+from .order import BootOrder
 from .kube import PermanentError, TransientError
 from .limits import InvalidEntry
 from .mapper import map_event
@@ -50,32 +55,34 @@ def result_hash(event: Event) -> str:
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
 
 
-def stale_reason(journal: Journal, ev: Event, current: Attachment | None) -> str:
+def stale_reason(journal: Journal, order: BootOrder, ev: Event, current: Attachment | None) -> str:
     """Why an ADD/CHECK is older than what is known about its attachment ('' when it is not)."""
     tomb = journal.tombstone(ev.container_id, ev.ifname)
-    if tomb is not None and not order_before(tomb, ev.order):
+    if tomb is not None and not order.before(tomb, ev.order):
         return "a later DEL removed this attachment"
     for network, stamp, valid in journal.fences(ev.driver):
-        if (not network or network == ev.network) and ev.attachment not in valid and order_before(ev.order, stamp):
+        if (not network or network == ev.network) and ev.attachment not in valid and order.before(ev.order, stamp):
             return "a later GC did not list this attachment"
-    if current is not None and order_before(ev.order, current.stamp):
+    if current is not None and order.before(ev.order, current.stamp):
         return "a later event of this attachment was already applied"
     return ""
 
 
-def gc_victims(atts: list[Attachment], ev: Event) -> list[Attachment]:
+def gc_victims(atts: list[Attachment], ev: Event, order: BootOrder) -> list[Attachment]:
     """The attachments a GC removes: its driver and network, added before it, not in its valid list."""
     valid = {(a["containerID"], a["ifname"]) for a in ev.valid_attachments or []}
     return [a for a in atts if a.driver == ev.driver and (not ev.network or a.network == ev.network)
-            and a.key not in valid and order_before(a.stamp, ev.order)]
+            and a.key not in valid and order.before(a.stamp, ev.order)]
 
 
 class Rules:
     """Runs one pending event through its verb's rule; never raises for an expected failure."""
 
     def __init__(self, journal: Journal, resolver: Resolver, reconciler: Reconciler, reporter: Reporter,
-                 settings: RuleSettings, claim_retry: Callable[[str, str, Exception], None]) -> None:
+                 settings: RuleSettings, claim_retry: Callable[[str, str, Exception], None],
+                 order: BootOrder | None = None) -> None:
         self.journal = journal
+        self.order = order or journal.ordering()
         self.resolver = resolver
         self.reconciler = reconciler
         self.report = reporter
@@ -92,83 +99,121 @@ class Rules:
 
     def add(self, p: Pending) -> None:
         ev = p.event
-        current = self.journal.attachment(ev.container_id, ev.ifname)
-        if self._stale(p, current):
-            return
-        if current is not None and ev.op == "ADD" and current.result_hash == result_hash(ev) and _ready(current):
-            # The same ADD again (runtime retry): nothing to write, no API request.
-            current.stamp = current.added = ev.order
-            self.journal.finish(p.seq, "done", "same ADD again", upsert=[current])
-            self.metrics.apply_skips.inc()
-            return
+        with self.journal.atomically():
+            current = self.journal.attachment(ev.container_id, ev.ifname)
+            if self._stale(p, current):
+                return
+            if current is not None and ev.op == "ADD" and current.result_hash == result_hash(ev) and _ready(current):
+                # The same ADD again (runtime retry): nothing to write, no API request.
+                current.stamp = current.added = ev.order
+                self.journal.finish(p.seq, "done", "same ADD again", upsert=[current])
+                self.metrics.apply_skips.inc()
+                return
+        read_at = self.reconciler.changes.now()  # before the resolver reads the claim
         target = self._resolve(p)
         if target is None:
             return
         att = self._attachment(p, target, current)
         if att is None:
             return
+        committed = self._commit_add(p, att, target, current, read_at)
+        if committed is not None:
+            dirty, copy_tick = committed
+            self._reconcile(dirty, ev, {target.claim_key: target.claim}, {target.claim_key: copy_tick})
+
+    def _commit_add(self, p: Pending, att: Attachment, target: Target, before: Attachment | None,
+                    read_at: int) -> tuple[list[tuple[str, str]], int | None] | None:
+        """Check the ADD's order again and commit it, atomically: a DEL or GC committed while it
+        was being resolved (API round trips) makes it stale now (None). Returns the dirty claims
+        and the change's tick, which is None when the resolver's copy of the claim is already
+        outdated (publisher/reconciler.py ClaimChanges)."""
+        ev = p.event
+        with self.journal.atomically():
+            current = self.journal.attachment(ev.container_id, ev.ifname)
+            if self._stale(p, current):
+                return None
+            dirty = self._add_dirty(target, before, current)
+            self.journal.finish(p.seq, "done", "", upsert=[att], dirty=dirty)
+            return dirty, self.reconciler.changes.record([target.claim_key], read_at)
+
+    @staticmethod
+    def _add_dirty(target: Target, *previous: Attachment | None) -> list[tuple[str, str]]:
+        """The ADD's claim, and the claim an earlier attachment was on (moved: it loses it)."""
         dirty = [(target.claim_namespace, target.claim_name)]
-        if current is not None and current.claim_key != target.claim_key:
-            dirty.append((current.claim_namespace, current.claim_name))  # moved: the old claim loses it
-        self.journal.finish(p.seq, "done", "", upsert=[att], dirty=dirty)
-        self._reconcile(dirty, ev, {target.claim_key: target.claim})
+        for prev in previous:
+            if prev is not None and prev.claim_key != target.claim_key:
+                dirty.append((prev.claim_namespace, prev.claim_name))
+        return list(dict.fromkeys(dirty))
 
     def delete(self, p: Pending) -> None:
         if self._never_ours(p):
             return
         ev = p.event
-        current = self.journal.attachment(ev.container_id, ev.ifname)
-        tomb = self.journal.tombstone(ev.container_id, ev.ifname)
-        newer_tomb = tomb is None or order_before(tomb, ev.order)
-        if current is None or not order_before(current.stamp, ev.order):
-            # Nothing older to remove (never published, or re-added after this DEL).
-            self.journal.finish(p.seq, "done", "nothing to remove",
-                                tombstone=(ev.attachment, ev.order) if newer_tomb else None)
-            return
-        dirty = [(current.claim_namespace, current.claim_name)]
-        self.journal.finish(p.seq, "done", "", delete=[current.key],
-                            tombstone=(ev.attachment, ev.order) if newer_tomb else None, dirty=dirty)
+        with self.journal.atomically():
+            current = self.journal.attachment(ev.container_id, ev.ifname)
+            tomb = self.journal.tombstone(ev.container_id, ev.ifname)
+            newer_tomb = tomb is None or self.order.before(tomb, ev.order)
+            if current is None or not self.order.before(current.stamp, ev.order):
+                # Nothing older to remove (never published, or re-added after this DEL).
+                self.journal.finish(p.seq, "done", "nothing to remove",
+                                    tombstone=(ev.attachment, ev.order) if newer_tomb else None)
+                return
+            dirty = [(current.claim_namespace, current.claim_name)]
+            self.journal.finish(p.seq, "done", "", delete=[current.key],
+                                tombstone=(ev.attachment, ev.order) if newer_tomb else None, dirty=dirty)
         self._reconcile(dirty, ev)
 
     def check(self, p: Pending) -> None:
         ev = p.event
-        current = self.journal.attachment(ev.container_id, ev.ifname)
+        dirty: list[tuple[str, str]] | None = None
+        with self.journal.atomically():
+            current = self.journal.attachment(ev.container_id, ev.ifname)
+            if current is not None:
+                dirty = self._commit_check(p, current)
+            elif not ev.result or self.journal.tombstone(ev.container_id, ev.ifname) is not None:
+                self.journal.finish(p.seq, "done", "CHECK of an unknown attachment")  # never one a DEL removed
+                return
         if current is None:
-            if ev.result and self.journal.tombstone(ev.container_id, ev.ifname) is None:
-                self.add(p)  # a CHECK that carries a result can publish an attachment we never saw
-            else:  # ... but never one that a DEL removed
-                self.journal.finish(p.seq, "done", "CHECK of an unknown attachment")
-            return
+            self.add(p)  # a CHECK that carries a result can publish an attachment we never saw
+        elif dirty is not None:
+            self._reconcile(dirty, ev)
+
+    def _commit_check(self, p: Pending, current: Attachment) -> list[tuple[str, str]] | None:
+        """The CHECK's new Ready condition (and result) on a known attachment, committed; None when
+        the CHECK is stale or its entry is refused. Runs while the caller holds the journal."""
+        ev = p.event
         if self._stale(p, current):
-            return
+            return None
         try:
             current.entry = map_event(ev, current.pool, current.device, current.entry, current.share_id)
         except InvalidEntry as exc:
             self._fail(p, f"entry rejected locally: {exc}", "invalid_entry", current.claim_key, "InvalidEntry",
                        current.claim_uid)
-            return
+            return None
         current.stamp = ev.order
         if ev.result:
             current.result_hash = result_hash(ev)
         dirty = [(current.claim_namespace, current.claim_name)]
         self.journal.finish(p.seq, "done", "", upsert=[current], dirty=dirty)
-        self._reconcile(dirty, ev)
+        return dirty
 
     def gc(self, p: Pending) -> None:
         ev = p.event
-        victims = gc_victims(self.journal.all_attachments(), ev)
-        dirty = sorted({(a.claim_namespace, a.claim_name) for a in victims})
+        with self.journal.atomically():
+            victims = gc_victims(self.journal.all_attachments(), ev, self.order)
+            dirty = sorted({(a.claim_namespace, a.claim_name) for a in victims})
+            self.journal.finish(p.seq, "done", f"removed {len(victims)}", delete=[a.key for a in victims],
+                                fence=(ev.driver, ev.network, ev.order, list(ev.valid_attachments or [])),
+                                dirty=dirty)
         if victims:
             self.log.info("GC removes attachments added before it and not in the runtime's valid list",
                           extra={"containerIDs": sorted({a.container_id for a in victims}), "claims": len(dirty)})
-        self.journal.finish(p.seq, "done", f"removed {len(victims)}", delete=[a.key for a in victims],
-                            fence=(ev.driver, ev.network, ev.order, list(ev.valid_attachments or [])), dirty=dirty)
         self._reconcile(dirty, ev)
 
     # ------------------------------------------------------------ helpers
 
     def _stale(self, p: Pending, current: Attachment | None) -> bool:
-        why = stale_reason(self.journal, p.event, current)
+        why = stale_reason(self.journal, self.order, p.event, current)
         if why:
             self.log.info("event older than what is known, ignored", extra={"why": why, **event_fields(p.event)})
             self.journal.finish(p.seq, "done", f"stale: {why}")
@@ -198,7 +243,7 @@ class Rules:
             return current.entry
         same = [a for a in self.journal.for_claim(target.claim_namespace, target.claim_name)
                 if a.device_key == target.device_key]
-        return newest_sandbox(same).entry if same else None
+        return newest_sandbox(same, self.order).entry if same else None
 
     def _bound(self, ev: Event) -> Callable[[str], set[tuple[str, str, str, str]]]:
         """Devices other attachments of a claim hold (an older sandbox of this pod does not count)."""
@@ -247,17 +292,25 @@ class Rules:
         self.report.ignored(ev, "no_claim", "DEL of a pod without a claim of the driver")
         return True
 
-    def _reconcile(self, claims: list[tuple[str, str]], ev: Event,
-                   fresh: dict[str, dict[str, Any]] | None = None) -> None:
+    def _reconcile(self, claims: list[tuple[str, str]], ev: Event, fresh: dict[str, dict[str, Any]] | None = None,
+                   ticks: dict[str, int | None] | None = None) -> None:
+        """Reconcile the claims a rule changed; `fresh` are claim copies the resolver read,
+        `ticks` their change ticks (the reconciler reads a claim again when its copy is stale)."""
         for ns, name in claims:
-            claim = (fresh or {}).get(f"{ns}/{name}") or None
+            key = f"{ns}/{name}"
+            claim = (fresh or {}).get(key) or None
             try:
-                wrote = self.reconciler.reconcile(ns, name, claim, ev)
+                wrote = self.reconciler.reconcile(ns, name, claim, ev, (ticks or {}).get(key))
             except TransientError as exc:
                 self.claim_retry(ns, name, exc)
                 continue
             if wrote and ev.op == "ADD":
-                self.metrics.publish_latency.observe(max(0.0, time.time() - ev.timestamp))
+                self.metrics.publish_latency.observe(self._age(ev))
+
+    def _age(self, ev: Event) -> float:
+        """Seconds since the plugin stamped the event: on CLOCK_BOOTTIME when it is of this boot."""
+        since = self.order.seconds_since(ev.order)
+        return since if since is not None else max(0.0, time.time() - ev.timestamp)
 
     def _fail(self, p: Pending, error: str, reason: str, claim: str = "", event_reason: str = "",
               claim_uid: str = "") -> None:

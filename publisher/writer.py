@@ -18,7 +18,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from .kube import Kube, PermanentError
+from .kube import Kube
 
 
 def body_hash(entries: list[dict[str, Any]]) -> str:
@@ -100,14 +100,20 @@ class Writer:
             self.remember(claim_key, None)
 
     def apply(self, namespace: str, name: str, entries: list[dict[str, Any]],
-              on_server: list[dict[str, Any]] | None = None, record: bool = True) -> bool:
+              on_server: list[dict[str, Any]] | None = None, record: bool = True,
+              owned: set[tuple[str, str, str, str]] | None = None) -> bool:
         """One apply attempt; True when a request was made, False when skipped.
 
         Skipped when the body equals the last one applied for the claim and,
-        if the caller read the live claim (`on_server`), the server still holds
-        each of our entries as applied (someone may have wiped them). Errors are
-        raised as classified by publisher/kube.py; retrying is the caller's job
-        (publisher/reconciler.py), so a failing claim never holds a worker.
+        if the caller read the live claim (`on_server`, and `owned`: the entries
+        this manager owns there, from owned_keys), the server holds exactly our
+        entries as applied (someone may have wiped one; an apply whose answer
+        was lost may have left one more). Errors are raised as classified by
+        publisher/kube.py; retrying is the caller's job (publisher/reconciler.py),
+        so a failing claim never holds a worker. Any failed apply forgets the
+        remembered body first: a request lost in flight (timeout, reset) may
+        have been applied, so the server's state is unknown and the next
+        reconcile must apply again even when its body went back to the old one.
         With `record` off the caller stores the applied body's hash itself
         (last_digest), in a transaction it makes anyway.
         """
@@ -116,12 +122,12 @@ class Writer:
         digest = body_hash(entries)
         with self._guard:
             same = self._last.get(key) == digest
-        if same and (on_server is None or holds(on_server, entries)):
+        if same and (on_server is None or holds(on_server, entries, owned)):
             self.on_skip()
             return False
         try:
             self.kube.apply_claim_status(namespace, name, entries, self.field_manager)
-        except PermanentError:
+        except Exception:
             self.invalidate(key)
             raise
         with self._guard:
@@ -135,11 +141,39 @@ class Writer:
             return self._last.get(claim_key)
 
 
-def holds(on_server: list[dict[str, Any]], entries: list[dict[str, Any]]) -> bool:
-    """True when every desired entry is on the server with each field we apply unchanged."""
-    by_key = {(e.get("driver"), e.get("pool"), e.get("device"), e.get("shareID", "") or ""): e for e in on_server}
+def entry_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
+    """An entry's identity in status.devices (its list-map keys)."""
+    return (entry.get("driver", ""), entry.get("pool", ""), entry.get("device", ""), entry.get("shareID", "") or "")
+
+
+def owned_keys(claim: dict[str, Any], manager: str) -> set[tuple[str, str, str, str]] | None:
+    """The status.devices entries `manager` owns on a live claim, from its managedFields
+    (None when the copy carries no managedFields: then nothing can be said)."""
+    managed = (claim.get("metadata") or {}).get("managedFields")
+    if managed is None:
+        return None
+    out: set[tuple[str, str, str, str]] = set()
+    for m in managed:
+        if m.get("manager") != manager:
+            continue
+        devices = ((m.get("fieldsV1") or {}).get("f:status") or {}).get("f:devices") or {}
+        for field_key in devices:
+            if not field_key.startswith("k:"):
+                continue
+            try:
+                out.add(entry_key(json.loads(field_key[2:])))
+            except (ValueError, AttributeError):
+                continue
+    return out
+
+
+def holds(on_server: list[dict[str, Any]], entries: list[dict[str, Any]],
+          owned: set[tuple[str, str, str, str]] | None = None) -> bool:
+    """True when every desired entry is on the server with each field we apply unchanged and,
+    given what we own there (`owned`), when we own no entry beyond the desired ones."""
+    by_key = {entry_key(e): e for e in on_server}
     for entry in entries:
-        server = by_key.get((entry["driver"], entry["pool"], entry["device"], entry.get("shareID", "") or ""))
+        server = by_key.get(entry_key(entry))
         if server is None or any(server.get(k) != v for k, v in entry.items()):
             return False
-    return True
+    return owned is None or owned == {entry_key(e) for e in entries}

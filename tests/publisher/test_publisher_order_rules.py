@@ -44,18 +44,18 @@ def test_tombstone_beats_every_older_add_and_gc_fence_every_older_unlisted_add(w
     add = wire_event("ADD", "c1", POD, cni_result())
     dele = wire_event("DEL", "c1", POD)
     j.finish(None, tombstone=(dele.attachment, dele.order))
-    assert stale_reason(j, add, None) == "a later DEL removed this attachment"
+    assert stale_reason(j, j.ordering(), add, None) == "a later DEL removed this attachment"
     readd = wire_event("ADD", "c1", POD, cni_result())  # the same attachment added again afterwards
-    assert stale_reason(j, readd, None) == ""
+    assert stale_reason(j, j.ordering(), readd, None) == ""
     early = wire_event("ADD", "c2", POD, cni_result())
     listed = wire_event("ADD", "c3", POD, cni_result())
     gc = wire_event("GC", "*", None, ifname="*", valid_attachments=[{"containerID": "c3", "ifname": "eth0"}])
     late = wire_event("ADD", "c4", POD, cni_result())
     j.finish(None, fence=(gc.driver, gc.network, gc.order, gc.valid_attachments))
-    assert stale_reason(j, early, None) == "a later GC did not list this attachment"
-    assert stale_reason(j, listed, None) == "" and stale_reason(j, late, None) == ""
+    assert stale_reason(j, j.ordering(), early, None) == "a later GC did not list this attachment"
+    assert stale_reason(j, j.ordering(), listed, None) == "" and stale_reason(j, j.ordering(), late, None) == ""
     victims = gc_victims([att("c2", early.order), att("c3", listed.order), att("c4", late.order),
-                          att("c5", early.order, network="other")], gc)
+                          att("c5", early.order, network="other")], gc, j.ordering())
     assert [a.container_id for a in victims] == ["c2"]
     j.close()
 

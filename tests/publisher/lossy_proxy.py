@@ -1,0 +1,144 @@
+"""An HTTPS proxy in front of the real API server that can lose the answer of a status apply.
+
+It terminates TLS with its own certificate (made with openssl), relays each request
+on its own upstream TLS connection to the real kube-apiserver (`Connection: close`,
+so every client connection carries one request and a response is relayed until
+the server closes it; watches stream through). While `lose` is set, a PATCH of a
+`/status` subresource is forwarded, the API server's full answer is read and thrown
+away, and the client's connection is reset: the server applied the change, the
+client saw a connection reset. That is an apply lost in flight, for real.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+import subprocess
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+HEAD_LIMIT = 64 << 10
+
+
+class LossyApiProxy:
+    def __init__(self, upstream: str, upstream_ca: str, workdir: Path) -> None:
+        url = urlparse(upstream)
+        self.upstream = (url.hostname or "127.0.0.1", url.port or 443)
+        self.cert = str(workdir / "proxy-cert.pem")
+        key = str(workdir / "proxy-key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", self.cert,
+                        "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True, timeout=60)
+        self.server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.server_ctx.load_cert_chain(self.cert, key)
+        self.client_ctx = ssl.create_default_context(cafile=upstream_ca)
+        self.lose = threading.Event()
+        self.lost = 0
+        self.patches = 0
+        self._lock = threading.Lock()
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self) -> "LossyApiProxy":
+        self._listener.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        try:
+            conn = self.server_ctx.wrap_socket(raw, server_side=True)
+        except (OSError, ssl.SSLError):
+            raw.close()
+            return
+        try:
+            head, body = _read_request(conn)
+            if head is None:
+                return
+            method, path = head.split(b" ", 2)[:2]
+            lose = method == b"PATCH" and b"/status" in path.split(b"?")[0] and self._count_patch()
+            with socket.create_connection(self.upstream, timeout=30) as up_raw:
+                with self.client_ctx.wrap_socket(up_raw, server_hostname=self.upstream[0]) as up:
+                    up.sendall(_closing(head) + body)
+                    self._relay(up, None if lose else conn)
+            if lose:
+                with self._lock:
+                    self.lost += 1
+                _reset(conn)
+        except (OSError, ssl.SSLError, ValueError):
+            pass
+        finally:
+            conn.close()
+
+    def _count_patch(self) -> bool:
+        with self._lock:
+            self.patches += 1
+        return self.lose.is_set()
+
+    @staticmethod
+    def _relay(up: ssl.SSLSocket, client: ssl.SSLSocket | None) -> None:
+        """The answer until the server closes; thrown away when there is no client to give it to."""
+        while True:
+            data = up.recv(65536)
+            if not data:
+                return
+            if client is not None:
+                client.sendall(data)
+
+
+def _read_request(conn: ssl.SSLSocket) -> tuple[bytes | None, bytes]:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        data = conn.recv(65536)
+        if not data:
+            return None, b""
+        buf += data
+        if len(buf) > HEAD_LIMIT:
+            raise ValueError("request head too large")
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+        if name.strip().lower() == b"transfer-encoding":
+            raise ValueError("chunked request bodies are not relayed")
+    while len(body) < length:
+        data = conn.recv(65536)
+        if not data:
+            raise ValueError("request body cut short")
+        body += data
+    return head, body
+
+
+def _closing(head: bytes) -> bytes:
+    """The request head with `Connection: close`: one request per upstream connection."""
+    lines = [ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
+    return b"\r\n".join(lines + [b"Connection: close"]) + b"\r\n\r\n"
+
+
+def _reset(conn: ssl.SSLSocket) -> None:
+    """Close with a TCP reset (SO_LINGER 0): what a client sees when a connection is cut."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -1,0 +1,74 @@
+"""Issue 16 item 2 through the real publisher and the real API server: a reboot whose clock
+is behind the previous boot's.
+
+The events of the previous boot carry that boot's id and a wall clock AHEAD of this
+boot's (a bad RTC, a restored VM, NTP not stepped yet), exactly what the plugin
+stamped before the reboot and what a late channel (the spool) delivers afterwards.
+Every event of another boot must rank below every event of this one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cni_plugin.wire import PodRef, event_request, new_order
+from publisher_testkit import DRIVER, Cluster, Publisher, cni_result, drained, request, suffix, wire_event
+
+pytestmark = pytest.mark.controlplane
+
+AHEAD_NS = 3600 * 10**9  # the previous boot's wall clock was an hour ahead of this boot's
+
+
+def old_boot_stamp() -> list:
+    """A stamp of the previous boot: its own CLOCK_BOOTTIME, a wall clock an hour ahead."""
+    return ["previous-boot-" + suffix(), 9_000 * 10**9, time.time_ns() + AHEAD_NS]
+
+
+def send(publisher: Publisher, event) -> None:
+    assert request(publisher.socket, event_request(event))["ok"] is True
+
+
+def shown(devices: list[dict]) -> set[str]:
+    return {d["data"]["containerID"] for d in devices if d["driver"] == DRIVER}
+
+
+def setup_pod(cluster: Cluster, name: str) -> tuple[str, PodRef]:
+    claim, uid = cluster.pod_with_claim(name, [("nic", "nic0")])
+    return claim, PodRef(cluster.namespace, name, uid)
+
+
+def test_issue16_item2_new_boot_sandbox_outranks_the_old_boots(cluster: Cluster, publisher):
+    claim, pod = setup_pod(cluster, "rebooted")
+    old, new = "old" + suffix(), "new" + suffix()
+    send(publisher, wire_event("ADD", old, pod, cni_result(ipv4="10.77.0.5/24"), order=old_boot_stamp()))
+    cluster.wait_devices(claim, lambda d: shown(d) == {old})
+    send(publisher, wire_event("ADD", new, pod, cni_result(ipv4="10.77.0.6/24", mac="0a:58:0a:4d:00:06"),
+                               order=new_order()))
+    drained(publisher)
+    devices = cluster.devices(claim)
+    assert shown(devices) == {new}, "the sandbox of the previous boot still shows"
+    assert devices[0]["networkData"]["hardwareAddress"] == "0a:58:0a:4d:00:06"
+
+
+def test_issue16_item2_del_after_reboot_removes_the_old_boots_sandbox(cluster: Cluster, publisher):
+    claim, pod = setup_pod(cluster, "cleanup")
+    old = "old" + suffix()
+    send(publisher, wire_event("ADD", old, pod, cni_result(), order=old_boot_stamp()))
+    cluster.wait_devices(claim, lambda d: shown(d) == {old})
+    send(publisher, wire_event("DEL", old, pod, order=new_order()))  # the runtime cleans up after the reboot
+    drained(publisher)
+    assert shown(cluster.devices(claim)) == set(), "the DEL of the old boot's sandbox was 'nothing to remove'"
+
+
+def test_issue16_item2_old_boot_gc_fence_does_not_fence_new_adds(cluster: Cluster, publisher):
+    claim, pod = setup_pod(cluster, "fenced")
+    # The runtime's GC of the previous boot (nothing valid), delivered late ...
+    send(publisher, wire_event("GC", "*", None, ifname="*", valid_attachments=[], order=old_boot_stamp()))
+    drained(publisher)
+    # ... then kubelet starts the pod's sandbox in this boot.
+    new = "new" + suffix()
+    send(publisher, wire_event("ADD", new, pod, cni_result(), order=new_order()))
+    drained(publisher)
+    assert shown(cluster.devices(claim)) == {new}, "the old boot's GC fence hid a sandbox of this boot"
