@@ -292,6 +292,7 @@ class Soak:
         self.records: list[faults.FaultRecord] = []
         self.t0 = time.time()
         self.teardown_notes: list[str] = []
+        self.threads: list[threading.Thread] = []
 
     def setup(self) -> None:
         progress(f"taking down whatever ran in {self.args.dir}, then bringing up the soak's cluster")
@@ -349,7 +350,7 @@ class Soak:
     def loop(self) -> None:
         total = self.args.minutes * 60
         self.t0 = time.time()
-        self.background()
+        self.threads = self.background()
         progress(f"warming up; the run lasts {self.args.minutes:g} min and at least one full fault cycle")
         time.sleep(max(20.0, self.args.recovery))
         first = True
@@ -365,10 +366,15 @@ class Soak:
         time.sleep(checks.GRACE + 3 * self.args.interval)
 
     def teardown(self) -> None:
+        if self.node is not None:
+            self.node.stopping.set()
         if self.observer is not None:
             self.observer.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=120)  # a supervisor restart in progress finishes before `down`
         nc = Path(self.args.dir) / "nc"
         subprocess.run(["mount", "-o", "remount,rw", str(nc / "spool")], capture_output=True)
+        self.keep_logs(Path(self.args.out) / "soak-logs")
         (nc / "state" / "soak-filler").unlink(missing_ok=True)
         if self.args.keep:
             self.teardown_notes.append(f"cluster kept in {self.args.dir} (--keep)")
@@ -383,6 +389,19 @@ class Soak:
             subprocess.run(["umount", "-l", mount], capture_output=True)
         self.teardown_notes.append(f"mounts left under the cluster dir after down: {left}" if left
                                    else "host clean: no mount left under the cluster dir")
+
+
+    def keep_logs(self, dest: Path, cap: int = 4 << 20) -> None:
+        """The node's logs (the last `cap` bytes of each) outlive `down`: violations are read from them."""
+        dest.mkdir(parents=True, exist_ok=True)
+        cluster = Path(self.args.dir)
+        for log in [*cluster.glob("*.log"), cluster / "nc" / "plugin.log", cluster / "cp" / "kube-apiserver.log"]:
+            try:
+                with open(log, "rb") as src:
+                    src.seek(max(0, log.stat().st_size - cap))
+                    (dest / log.name).write_bytes(src.read())
+            except OSError:
+                continue
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

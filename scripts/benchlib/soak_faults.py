@@ -103,6 +103,7 @@ class Node:
         self.lock = threading.Lock()
         self.crashes: list[Crash] = []
         self.publisher_wrapper: Path | None = None  # set by the first simulated reboot
+        self.stopping = threading.Event()  # teardown: nothing is started again
 
     # ------------------------------------------------------------ cluster.sh
 
@@ -146,10 +147,18 @@ class Node:
             return f"{component} was not running"
         os.kill(pid, sig)
         if wait_gone(pid, timeout):
-            return f"{component} (pid {pid}) exited after {sig.name}"
-        os.kill(pid, signal.SIGKILL)
-        wait_gone(pid, 10)
-        return f"{component} (pid {pid}) ignored {sig.name} for {timeout:.0f}s: SIGKILLed"
+            outcome = f"{component} (pid {pid}) exited after {sig.name}"
+        else:
+            os.kill(pid, signal.SIGKILL)
+            wait_gone(pid, 10)
+            outcome = f"{component} (pid {pid}) ignored {sig.name} for {timeout:.0f}s: SIGKILLed"
+        self.forget(component)
+        return outcome
+
+    def forget(self, component: str) -> None:
+        """Remove a dead service's pid file, as `cluster.sh <service>-stop` does: until its parent reaps it, a
+        dead process is a zombie that still answers `kill -0`, and `<service>-start` would think it runs."""
+        self.pidfile(component).unlink(missing_ok=True)
 
     # ------------------------------------------------------------ supervision
 
@@ -165,12 +174,13 @@ class Node:
         """Like systemd's Restart=always: a service that died on its own is recorded and started again."""
         for component in SUPERVISED:
             with self.lock:
-                if component in self.held:
+                if component in self.held or self.stopping.is_set():
                     continue
             if self.alive(component) or (component == "chain-keeper" and self.pid(component) is None):
                 continue
             crash = Crash(component, time.time(), tail(self.log_of(component)))
             self.crashes.append(crash)
+            self.forget(component)
             try:
                 self.start(component)
                 crash.restarted = True
@@ -279,7 +289,7 @@ class SpoolReadOnly(Fault):
     read-only /var), then the file system is made writable again."""
 
     name = "spool-readonly"
-    blocks = "maybe"
+    blocks = "no"  # the publisher journals from its socket; only the plugin's fallback is gone
     restarts_publisher = True
 
     def __init__(self, hold: float = 10.0) -> None:
@@ -291,24 +301,28 @@ class SpoolReadOnly(Fault):
         node.hold("publisher")
         record.notes.append(node.signal("publisher", signal.SIGTERM))
         starter = subprocess.Popen([str(CLUSTER_SH), "publisher-start"], env=node.env(),
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         nudge()
-        deadline = time.time() + self.hold
-        while time.time() < deadline:
+        deadline, died = time.time() + self.hold, False
+        while time.time() < deadline and not died:
             time.sleep(0.5)
-            if starter.poll() is not None:
-                break
-        if starter.poll() is None or starter.returncode != 0 or not node.alive("publisher"):
-            record.notes.append("the publisher did not come up while the spool was read-only")
+            pid = node.pid("publisher")
+            died = pid is not None and not pid_alive(pid)
+        if died:
+            record.notes.append("the publisher exited while the spool was read-only: "
+                                + tail(node.log_of("publisher"), 2)[-400:])
+            node.crashes.append(Crash("publisher", time.time(), tail(node.log_of("publisher"))))
+        elif starter.poll() is None:
+            record.notes.append(f"the publisher did not answer within {self.hold:.0f}s with the spool read-only")
         subprocess.run(["mount", "-o", "remount,rw", str(spool)], check=True, capture_output=True, text=True)
         try:
             starter.wait(timeout=60)
         except subprocess.TimeoutExpired:
             starter.kill()
         if not node.alive("publisher"):
-            record.notes.append(f"publisher dead after the spool became writable again: {tail(node.log_of('publisher'), 3)}")
-            node.crashes.append(Crash("publisher", time.time(), tail(node.log_of("publisher")), True))
+            node.forget("publisher")
             node.start("publisher")
+            record.notes.append("publisher started again after the spool became writable")
 
     def cleanup(self, node: Node, record: FaultRecord) -> None:
         subprocess.run(["mount", "-o", "remount,rw", str(node.nc / "spool")], capture_output=True)
@@ -329,16 +343,17 @@ class StateDiskFull(Fault):
 
     def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
         written = 0
-        with open(self.filler(node), "wb") as fh:
+        fd = os.open(self.filler(node), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:  # unbuffered: the last short write is where the file system says ENOSPC
             for chunk in (1 << 20, 4096, 512):
                 block = b"\0" * chunk
                 while True:
                     try:
-                        fh.write(block)
-                        fh.flush()
-                        written += chunk
+                        written += os.write(fd, block)
                     except OSError:
                         break
+        finally:
+            os.close(fd)
         record.start = time.time()
         st = os.statvfs(node.nc / "state")
         record.notes.append(f"filled with {written >> 20} MiB; {st.f_bavail * st.f_frsize} bytes left")
@@ -509,7 +524,7 @@ exec {enter} {launcher} "$@"
 LAUNCHER = """#!{python} -IS
 # Generated by the soak, TEST ONLY: the source-tree plugin with the wall-clock shim.
 import sys
-sys.path.insert(0, {benchlib!r})
+sys.path.insert(0, {shim_dir!r})
 import soak_clockshim
 soak_clockshim.install({clock!r})
 sys.path.insert(0, {root!r})
@@ -517,9 +532,7 @@ from cni_plugin.main import main
 sys.exit(main())
 """
 
-SITECUSTOMIZE = """# Generated by the soak, TEST ONLY: the publisher's wall-clock shim.
-import sys
-sys.path.insert(0, {benchlib!r})
+SITECUSTOMIZE = """# Generated by the soak, TEST ONLY: the publisher's wall-clock shim (soak_clockshim.py is beside it).
 import soak_clockshim
 soak_clockshim.install()
 """
@@ -538,10 +551,10 @@ def write_boot(node: Node, boot: Boot, behind: float) -> None:
     (d / "boot_id").write_text(boot.boot_id + "\n")
     clock = node.soak_dir / "clock-offset"
     clock.write_text(f"{-behind:.0f}\n")
-    shim_dir = d / "py"
+    shim_dir = d / "py"  # only the shim and sitecustomize: nothing here may shadow a real module
     shim_dir.mkdir(exist_ok=True)
-    benchlib = str(Path(__file__).resolve().parent)
-    (shim_dir / "sitecustomize.py").write_text(SITECUSTOMIZE.format(benchlib=benchlib))
+    shutil.copy2(Path(__file__).with_name("soak_clockshim.py"), shim_dir / "soak_clockshim.py")
+    (shim_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
     static = node.soak_dir / "netclaim.static"
     if not static.exists():
         shutil.copy2(node.nc / "keeper" / "netclaim", static)
@@ -550,7 +563,7 @@ def write_boot(node: Node, boot: Boot, behind: float) -> None:
         boottime=boot.boottime_offset, monotonic=boot.monotonic_offset, mount=shutil.which("mount"),
         boot_file=d / "boot_id", boot_id_path=BOOT_ID))
     write_executable(d / "launcher", LAUNCHER.format(
-        python=sys.executable, benchlib=benchlib, clock=str(clock), root=str(REPO)))
+        python=sys.executable, shim_dir=str(shim_dir), clock=str(clock), root=str(REPO)))
     plugin = PLUGIN.format(clock=clock, enter=d / "enter", static=static, launcher=d / "launcher")
     # The keeper installs its source when the target changes: both get the wrapper.
     write_executable(node.nc / "keeper" / "netclaim", plugin)
