@@ -239,6 +239,13 @@ def write_doc(fig: dict[str, Any], doc: Path, png: Path | None) -> None:
         BEGIN, "## Node-life soak", "",
         f"`scripts/bench.py soak --minutes {fig['minutes']:g}` on {fig['date']}: {fig['duration_s'] / 60:.0f} min "
         f"on a real single-node cluster (scripts/cluster.sh), {'all invariants held' if fig['ok'] else 'invariants FAILED'}.",
+        "",
+        "Three Deployments (two of ordinary pods, one whose pods get a claim from a ResourceClaimTemplate of the",
+        "DRA test driver) scale every 12 s while faults are injected one at a time, each followed by 15 s of",
+        "quiet; the invariants are checked every 2 s from the API, crictl and each pod's own netns",
+        "(scripts/benchlib/soak.py). A fault counts as survived when no violation was first seen between its",
+        "start and the next fault, /readyz behaved, no node service died and the injector worked; a wrong",
+        "state that an earlier fault caused shows up at the next claimed pod start, so read the violations too.",
         "", "| figure | value |", "|---|---|",
         f"| faults survived | {fig['faults_survived']} |",
         f"| wrong entries seen (violations) | {len(fig['violations'])} |",
@@ -252,6 +259,10 @@ def write_doc(fig: dict[str, Any], doc: Path, png: Path | None) -> None:
                         f"{flat[k]['end']:.0f} ({flat[k]['growth_pct']:+.1f} %) |")
     rows += ["", "| invariant | held |", "|---|---|"]
     rows += [f"| {name} | {'yes' if v['ok'] else '**no**'} |" for name, v in fig["invariants"].items()]
+    if fig["violations"]:
+        rows += ["", "Violations (first seen / counted / last seen, seconds into the run):", ""]
+        rows += [f"- {v['invariant']}: {v['first_seen_s']} / {v['counted_at_s']} / {v['last_seen_s']}"
+                 f"{' (still open at the end)' if v['open'] else ''}: {v['detail'][:300]}" for v in fig["violations"][:10]]
     rows += ["", "| fault | duration s | survived | notes |", "|---|---|---|---|"]
     rows += [f"| {f['name']} | {f['duration_s']} | {'yes' if f['survived'] else '**no**'} | "
              f"{'; '.join(f['notes'])[:160]} |" for f in fig["faults"]]
