@@ -22,7 +22,7 @@
 #   scripts/cluster.sh chain-keeper-start|chain-keeper-stop
 #                                          run/stop `netclaim-publisher chain-keeper` as a node service (what
 #                                          the DaemonSet runs): it re-chains netclaim after a primary CNI
-#                                          rewrites the conflist; it installs $NC/keeper/netclaim (a copy of
+#                                          rewrites the conflist; it installs <dir>/nc/keeper/netclaim (a copy of
 #                                          the installed plugin, made at its first start) as the plugin
 #
 # Everything lives under $NETCLAIM_CLUSTER_DIR (default /tmp/netclaim-cluster; keep it short: the

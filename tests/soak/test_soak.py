@@ -37,12 +37,17 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("soak")
     cmd = [sys.executable, str(REPO / "scripts" / "bench.py"), "--out", str(out), "soak", "--minutes", MINUTES,
            "--dir", CLUSTER_DIR, "--plot", str(out / "soak.png")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600 + float(MINUTES) * 120)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=1800 + float(MINUTES) * 120)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the soak still takes its cluster down
+        stdout, stderr = proc.communicate(timeout=600)
     report = out / "soak.json"
     if not report.exists():
-        pytest.fail(f"the soak wrote no report (exit {proc.returncode}):\n{proc.stderr[-4000:]}", pytrace=False)
+        pytest.fail(f"the soak wrote no report (exit {proc.returncode}):\n{stderr[-4000:]}", pytrace=False)
     figures = json.loads(report.read_text())
-    figures["_stdout"] = proc.stdout
+    figures["_stdout"] = stdout
     return figures
 
 
