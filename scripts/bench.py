@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""netclaim benchmarks: `bench.py plugin|publisher|e2e|scale|cluster|report [options]`.
+"""netclaim benchmarks: `bench.py plugin|publisher|e2e|scale|cluster|soak|report [options]`.
 
 Every figure is a ratio against a reference measured side by side in the same
 run (Go reference plugins, bare Python start-up, a bare apply loop), because
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SUITES = ("plugin", "publisher", "e2e", "scale", "cluster", "report")
+SUITES = ("plugin", "publisher", "e2e", "scale", "cluster", "soak", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     path = out / f"{args.suite}.json"
     path.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return 1 if figures.get("ok") is False else 0  # a suite with a verdict (soak) fails the command
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@
 #   scripts/cluster.sh publisher-stop|publisher-start     stop/start only the publisher (tests)
 #   scripts/cluster.sh kubelet-stop|kubelet-start|containerd-stop|containerd-start
 #                                          stop/start one node component (tests; pods keep running)
+#   scripts/cluster.sh apiserver-stop|apiserver-start     stop/start only kube-apiserver (outage tests)
+#   scripts/cluster.sh chain-keeper-start|chain-keeper-stop
+#                                          run/stop `netclaim-publisher chain-keeper` as a node service (what
+#                                          the DaemonSet runs): it re-chains netclaim after a primary CNI
+#                                          rewrites the conflist; it installs <dir>/nc/keeper/netclaim (a copy of
+#                                          the installed plugin, made at its first start) as the plugin
 #
 # Everything lives under $NETCLAIM_CLUSTER_DIR (default /tmp/netclaim-cluster; keep it short: the
 # kubelet's and the driver's unix sockets live under it and AF_UNIX paths stop at 108 bytes). The
@@ -34,7 +40,10 @@
 #   them and no other kubelet runs; the bridge is deleted. iptables are not touched
 #   (makeIPTablesUtilChains: false, ipMasq: false).
 #
-# Environment: NETCLAIM_CLUSTER_DIR, NETCLAIM_NODE_NAME (default nc-<hash of the dir>).
+# Environment: NETCLAIM_CLUSTER_DIR, NETCLAIM_NODE_NAME (default nc-<hash of the dir>),
+# NETCLAIM_PUBLISHER_WRAPPER (tests: an executable the publisher is started through, which must
+# `exec "$@"` so the pid file stays the publisher's; the soak uses it to show the publisher another
+# boot id and clock).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -445,7 +454,8 @@ start_publisher() {
     port="$(free_port)"
     echo "$port" >"$NC/metrics.port"
     log "starting netclaim-publisher (node $NODE, socket $NC/publisher.sock)"
-    start publisher "$ROOT/.venv/bin/netclaim-publisher" run --node-name "$NODE" \
+    start publisher ${NETCLAIM_PUBLISHER_WRAPPER:+"$NETCLAIM_PUBLISHER_WRAPPER"} \
+        "$ROOT/.venv/bin/netclaim-publisher" run --node-name "$NODE" \
         --kubeconfig "$NC/publisher.kubeconfig" --socket "$NC/publisher.sock" \
         --state-dir "$NC/state" --spool-dir "$NC/spool" --metrics-address "127.0.0.1:$port"
     "$PY" "$HERE/runtime/clusterctl.py" publisher-ready --socket "$NC/publisher.sock" --timeout 30 \
@@ -467,8 +477,20 @@ cmd_install_netclaim() {
     log "netclaim installed: $CONFLIST"
 }
 
+start_chain_keeper() { # the keeper of the DaemonSet, as a node process, for the chain installed above
+    grep -q '"netclaim"' "$CONFLIST" || die "netclaim is not installed (run: $0 install-netclaim)"
+    mkdir -p "$NC/keeper" && chmod 700 "$NC/keeper"
+    [[ -f "$NC/keeper/netclaim" ]] || cp "$CNI_BIN/netclaim" "$NC/keeper/netclaim"
+    log "starting the chain keeper (conflist $(basename "$CONFLIST"))"
+    start chain-keeper "$ROOT/.venv/bin/netclaim-publisher" chain-keeper --cni-conf-dir "$CNI_CONF" \
+        --cni-bin-dir "$CNI_BIN" --conflist "$(basename "$CONFLIST")" --plugin-binary "$NC/keeper/netclaim" \
+        --driver-name "$DRIVER" --plugin-socket "$NC/publisher.sock" --plugin-spool-dir "$NC/spool" \
+        --plugin-log-file "$NC/plugin.log" --log-format json
+}
+
 cmd_uninstall_netclaim() {
     load_state
+    stop_pid chain-keeper  # or it chains netclaim back in
     if grep -q '"netclaim"' "$CONFLIST" 2>/dev/null; then
         "$HERE/install.sh" --uninstall --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST"
     fi
@@ -571,7 +593,7 @@ other_kubelet() { # another kubelet runs on this host (its /var/lib/kubelet must
 cmd_down_locked() {
     [[ -f "$STATE" ]] && source "$STATE"
     [[ -n "${KUBECTL:-}" ]] && delete_pods
-    stop_pid publisher dra-driver kubelet kube-scheduler kube-controller-manager
+    stop_pid chain-keeper publisher dra-driver kubelet kube-scheduler kube-controller-manager
     if [[ -n "${CRICTL:-}" ]] && alive "$DIR/containerd.pid"; then
         # What the kubelet left: stop and remove every sandbox so CNI DEL runs.
         CONTAINER_RUNTIME_ENDPOINT="unix://$CTD/containerd.sock" timeout 60 "$CRICTL" rmp -fa >/dev/null 2>&1 || true
@@ -621,7 +643,7 @@ cmd_status() {
     local n
     [[ -f "$STATE" ]] || { echo "no cluster in $DIR"; return 1; }
     "$HERE/control-plane.sh" status
-    for n in kube-controller-manager kube-scheduler containerd kubelet dra-driver publisher; do
+    for n in kube-controller-manager kube-scheduler containerd kubelet dra-driver publisher chain-keeper; do
         if alive "$DIR/$n.pid"; then echo "$n: running (pid $(cat "$DIR/$n.pid"))"; else echo "$n: stopped"; fi
     done
 }
@@ -654,6 +676,9 @@ case "${1:-}" in
     kubelet-start) cmd_kubelet_start ;;
     containerd-stop) load_state; stop_pid containerd ;;   # shims and pods keep running
     containerd-start) cmd_containerd_start ;;
+    apiserver-stop|apiserver-start) load_state; "$HERE/control-plane.sh" "$1" >/dev/null ;;
+    chain-keeper-start) load_state; alive "$DIR/chain-keeper.pid" || start_chain_keeper ;;
+    chain-keeper-stop) load_state; stop_pid chain-keeper ;;
     -h|--help|help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop" >&2; exit 2 ;;
 esac

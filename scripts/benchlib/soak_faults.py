@@ -1,0 +1,582 @@
+"""The soak's node and the faults it injects into it, one at a time.
+
+`Node` is the soak's view of one scripts/cluster.sh node: the pid files of
+its services, signals to exactly those pids, `cluster.sh <component>-start`
+to bring one back, and the "boot" the node is in. Each fault records when it
+began and when the condition it made was undone (its `end`: the restarted
+service answers, the lock is released, the disk has room again); the soak's
+invariants give the node 10 s from that moment.
+
+A simulated reboot changes what the node's netclaim processes read as boot id
+and clocks without touching the host (other processes on the host share its
+boot id and clock): the publisher and every plugin run are started through
+`unshare` into their own mount namespace, where a file with a fresh UUID is
+bind-mounted over /proc/sys/kernel/random/boot_id, and their own time
+namespace, where CLOCK_BOOTTIME and CLOCK_MONOTONIC restart near zero. The
+wall clock cannot be offset by a namespace, so while the "clock behind" lasts
+both run as Python with the test-only shim of soak_clockshim.py (the plugin
+through a source-tree launcher instead of its static executable); the
+`ntp-step` fault ends that phase and the static plugin runs again, still in the
+new boot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from runtime.realcluster import CLUSTER_SH, RealCluster, cluster_sh
+
+REPO = Path(__file__).resolve().parents[2]
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+SUPERVISED = ("publisher", "kubelet", "containerd", "chain-keeper", "kube-apiserver")
+
+
+@dataclass
+class FaultRecord:
+    """One injected fault: what, when, and what the injector saw."""
+
+    name: str
+    start: float
+    end: float = 0.0
+    blocks: str = "no"  # "always": the publisher cannot progress; "maybe": it may not; "no"
+    restarts_publisher: bool = False
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the injector could not do what it should
+
+
+@dataclass
+class Crash:
+    """A supervised service found dead while no fault held it down."""
+
+    component: str
+    at: float
+    log_tail: str
+    restarted: bool = False
+    restart_error: str = ""
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie (an unreaped child still answers kill -0)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def tail(path: Path, n: int = 8) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+class Node:
+    """Pid files, signals and restarts of one cluster.sh node; `held` names services a fault keeps down."""
+
+    def __init__(self, cluster: RealCluster, soak_dir: Path) -> None:
+        self.cluster = cluster
+        self.dir = Path(cluster.dir)
+        self.soak_dir = soak_dir
+        self.nc = self.dir / "nc"
+        self.held: set[str] = set()
+        self.lock = threading.Lock()
+        self.crashes: list[Crash] = []
+        self.publisher_wrapper: Path | None = None  # set by the first simulated reboot
+        self.stopping = threading.Event()  # teardown: nothing is started again
+
+    # ------------------------------------------------------------ cluster.sh
+
+    def env(self) -> dict[str, str]:
+        env = dict(self.cluster.env)
+        if self.publisher_wrapper is not None:
+            env["NETCLAIM_PUBLISHER_WRAPPER"] = str(self.publisher_wrapper)
+        return env
+
+    def sh(self, *args: str, timeout: float = 300) -> str:
+        return cluster_sh(*args, env=self.env(), timeout=timeout)
+
+    def pidfile(self, component: str) -> Path:
+        if component == "kube-apiserver":
+            return self.dir / "cp" / "kube-apiserver.pid"
+        return self.dir / f"{component}.pid"
+
+    def pid(self, component: str) -> int | None:
+        try:
+            return int(self.pidfile(component).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def alive(self, component: str) -> bool:
+        pid = self.pid(component)
+        return pid is not None and pid_alive(pid)
+
+    def log_of(self, component: str) -> Path:
+        return self.dir / "cp" / "kube-apiserver.log" if component == "kube-apiserver" else self.dir / f"{component}.log"
+
+    def start(self, component: str, timeout: float = 300) -> None:
+        if component == "kube-apiserver":
+            self.sh("apiserver-start", timeout=timeout)
+        else:
+            self.sh(f"{component}-start", timeout=timeout)
+
+    def signal(self, component: str, sig: signal.Signals, timeout: float = 30) -> str:
+        """Send `sig` to the service's pid and wait for it to exit (SIGKILL after `timeout`)."""
+        pid = self.pid(component)
+        if pid is None or not pid_alive(pid):
+            return f"{component} was not running"
+        os.kill(pid, sig)
+        if wait_gone(pid, timeout):
+            outcome = f"{component} (pid {pid}) exited after {sig.name}"
+        else:
+            os.kill(pid, signal.SIGKILL)
+            wait_gone(pid, 10)
+            outcome = f"{component} (pid {pid}) ignored {sig.name} for {timeout:.0f}s: SIGKILLed"
+        self.forget(component)
+        return outcome
+
+    def forget(self, component: str) -> None:
+        """Remove a dead service's pid file, as `cluster.sh <service>-stop` does: until its parent reaps it, a
+        dead process is a zombie that still answers `kill -0`, and `<service>-start` would think it runs."""
+        self.pidfile(component).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------ supervision
+
+    def hold(self, *components: str) -> None:
+        with self.lock:
+            self.held.update(components)
+
+    def release(self, *components: str) -> None:
+        with self.lock:
+            self.held.difference_update(components)
+
+    def supervise(self) -> None:
+        """Like systemd's Restart=always: a service that died on its own is recorded and started again."""
+        for component in SUPERVISED:
+            with self.lock:
+                if component in self.held or self.stopping.is_set():
+                    continue
+            if self.alive(component) or (component == "chain-keeper" and self.pid(component) is None):
+                continue
+            crash = Crash(component, time.time(), tail(self.log_of(component)))
+            self.crashes.append(crash)
+            self.forget(component)
+            try:
+                self.start(component)
+                crash.restarted = True
+            except Exception as exc:  # noqa: BLE001 - recorded; tried again on the next round
+                crash.restart_error = str(exc)[-600:]
+
+
+# ---------------------------------------------------------------- the faults
+
+
+class Fault:
+    """One kind of fault; `inject` returns once the condition is undone (the record's `end`)."""
+
+    name = "fault"
+    blocks = "no"
+    restarts_publisher = False
+
+    def inject(self, node: Node, nudge: Callable[[], None]) -> FaultRecord:
+        record = FaultRecord(self.name, time.time(), blocks=self.blocks, restarts_publisher=self.restarts_publisher)
+        try:
+            self.run(node, nudge, record)
+        except Exception as exc:  # noqa: BLE001 - the soak goes on; the record says what failed
+            record.errors.append(f"{type(exc).__name__}: {str(exc)[-800:]}")
+        finally:
+            self.cleanup(node, record)
+            record.end = time.time()
+        return record
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        raise NotImplementedError
+
+    def cleanup(self, node: Node, record: FaultRecord) -> None:
+        """Undo whatever `run` left behind, also after an error."""
+
+
+class Restart(Fault):
+    """SIGKILL or SIGTERM to one node service, then `cluster.sh <service>-start` (which waits until it serves)."""
+
+    def __init__(self, component: str, sig: signal.Signals) -> None:
+        self.component, self.sig = component, sig
+        self.name = f"{component}-{sig.name.lower()}"
+        self.restarts_publisher = component == "publisher"
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        node.hold(self.component)
+        record.notes.append(node.signal(self.component, self.sig))
+        nudge()  # a pod start while it is down
+        time.sleep(2)
+        node.start(self.component)
+
+    def cleanup(self, node: Node, record: FaultRecord) -> None:
+        node.release(self.component)
+
+
+class ApiserverRestart(Fault):
+    name = "apiserver-restart"
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        node.hold("kube-apiserver")
+        node.sh("apiserver-stop")
+        time.sleep(3)
+        node.sh("apiserver-start")
+
+    def cleanup(self, node: Node, record: FaultRecord) -> None:
+        node.release("kube-apiserver")
+
+
+HOLDER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("ROLLBACK")
+print("released", flush=True)
+"""
+
+
+class JournalLock(Fault):
+    """Another process takes the journal's write lock (BEGIN IMMEDIATE) and holds it for 10 s."""
+
+    name = "journal-lock"
+    blocks = "always"
+
+    def __init__(self, hold: float = 10.0) -> None:
+        self.hold = hold
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        db = node.nc / "state" / "journal.db"
+        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(db), str(self.hold)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        first = proc.stdout.readline().strip() if proc.stdout else ""
+        if first != "locked":
+            proc.wait(timeout=30)
+            raise RuntimeError(f"lock holder did not get the lock: {first!r} {proc.stderr.read() if proc.stderr else ''}")
+        record.start = time.time()
+        record.notes.append(f"write lock on {db.name} held by pid {proc.pid} for {self.hold:.0f}s")
+        nudge()
+        out, err = proc.communicate(timeout=self.hold + 60)
+        if "released" not in out:
+            raise RuntimeError(f"lock holder failed: {err[-400:]}")
+
+
+class SpoolReadOnly(Fault):
+    """The spool's file system goes read-only; the publisher is restarted meanwhile (a node booting with a
+    read-only /var), then the file system is made writable again."""
+
+    name = "spool-readonly"
+    blocks = "no"  # the publisher journals from its socket; only the plugin's fallback is gone
+    restarts_publisher = True
+
+    def __init__(self, hold: float = 10.0) -> None:
+        self.hold = hold
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        spool = node.nc / "spool"
+        subprocess.run(["mount", "-o", "remount,ro", str(spool)], check=True, capture_output=True, text=True)
+        node.hold("publisher")
+        record.notes.append(node.signal("publisher", signal.SIGTERM))
+        starter = subprocess.Popen([str(CLUSTER_SH), "publisher-start"], env=node.env(),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        nudge()
+        deadline, died = time.time() + self.hold, False
+        while time.time() < deadline and not died:
+            time.sleep(0.5)
+            pid = node.pid("publisher")
+            died = pid is not None and not pid_alive(pid)
+        if died:
+            record.notes.append("the publisher exited while the spool was read-only: "
+                                + tail(node.log_of("publisher"), 2)[-400:])
+            node.crashes.append(Crash("publisher", time.time(), tail(node.log_of("publisher"))))
+        elif starter.poll() is None:
+            record.notes.append(f"the publisher did not answer within {self.hold:.0f}s with the spool read-only")
+        subprocess.run(["mount", "-o", "remount,rw", str(spool)], check=True, capture_output=True, text=True)
+        try:
+            starter.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            starter.kill()
+        if not node.alive("publisher"):
+            node.forget("publisher")
+            node.start("publisher")
+            record.notes.append("publisher started again after the spool became writable")
+
+    def cleanup(self, node: Node, record: FaultRecord) -> None:
+        subprocess.run(["mount", "-o", "remount,rw", str(node.nc / "spool")], capture_output=True)
+        node.release("publisher")
+
+
+class StateDiskFull(Fault):
+    """The publisher's state file system (its journal) is filled to the last byte for 10 s."""
+
+    name = "state-disk-full"
+    blocks = "maybe"
+
+    def __init__(self, hold: float = 10.0) -> None:
+        self.hold = hold
+
+    def filler(self, node: Node) -> Path:
+        return node.nc / "state" / "soak-filler"
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        written = 0
+        fd = os.open(self.filler(node), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:  # unbuffered: the last short write is where the file system says ENOSPC
+            for chunk in (1 << 20, 4096, 512):
+                block = b"\0" * chunk
+                while True:
+                    try:
+                        written += os.write(fd, block)
+                    except OSError:
+                        break
+        finally:
+            os.close(fd)
+        record.start = time.time()
+        st = os.statvfs(node.nc / "state")
+        record.notes.append(f"filled with {written >> 20} MiB; {st.f_bavail * st.f_frsize} bytes left")
+        nudge()
+        time.sleep(self.hold)
+
+    def cleanup(self, node: Node, record: FaultRecord) -> None:
+        self.filler(node).unlink(missing_ok=True)
+
+
+class ConflistRewrite(Fault):
+    """The primary CNI rewrites its conflist as its installer would: its own plugins only, keys in its own order."""
+
+    name = "conflist-rewrite"
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        path = Path(node.cluster.values["NETCLAIM_CONFLIST"])
+        doc = json.loads(path.read_text())
+        plugins = [dict(reversed(list(p.items()))) for p in doc["plugins"] if p.get("type") != "netclaim"]
+        for p in plugins:
+            if p.get("type") == "bridge":
+                p["mtu"] = 1500  # the default, said explicitly: other bytes, same network
+        rewritten = {"plugins": plugins, "name": doc["name"], "cniVersion": doc["cniVersion"]}
+        tmp = path.with_name(f".{path.name}.soak")
+        tmp.write_text(json.dumps(rewritten, indent=4) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        record.start = time.time()
+        nudge()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if '"netclaim"' in path.read_text():
+                record.notes.append(f"re-chained after {time.time() - record.start:.1f}s")
+                return
+            time.sleep(0.1)
+        record.notes.append("NOT re-chained within 30s")
+
+
+@dataclass
+class Boot:
+    """The node's current boot as its netclaim processes see it."""
+
+    boot_id: str
+    boottime_offset: int
+    monotonic_offset: int
+    dir: Path
+
+
+class Reboot(Fault):
+    """Power-cycle the node without touching the host: services stopped, every pod process killed, the runtime's
+    /run-like state wiped (netns mounts, shim and runc state), then the services start in a new boot (new boot id,
+    CLOCK_BOOTTIME near zero) whose wall clock is `behind` seconds late."""
+
+    name = "reboot-clock-behind"
+    restarts_publisher = True
+
+    def __init__(self, behind: float = 3600.0) -> None:
+        self.behind = behind
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        node.hold("publisher", "kubelet", "containerd", "chain-keeper")
+        for component in ("kubelet", "publisher", "containerd"):
+            record.notes.append(node.signal(component, signal.SIGTERM))
+        record.notes.append(f"killed {kill_pods(node)} pod and shim processes")
+        record.notes.append(f"wiped runtime state ({wipe_run_state(node)} mounts released)")
+        boot = new_boot(node.soak_dir)
+        write_boot(node, boot, self.behind)
+        record.notes.append(f"boot id {boot.boot_id}, CLOCK_BOOTTIME offset {boot.boottime_offset}s, "
+                            f"wall clock {-self.behind:+.0f}s")
+        node.start("containerd")
+        node.start("publisher")
+        node.start("kubelet")
+
+    def cleanup(self, node: Node, record: FaultRecord) -> None:
+        node.release("publisher", "kubelet", "containerd", "chain-keeper")
+
+
+class NtpStep(Fault):
+    """After a reboot with the clock behind: the clock is corrected (a forward step of the wall clock)."""
+
+    name = "ntp-step"
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        clock = node.soak_dir / "clock-offset"
+        was = clock.read_text().strip() if clock.exists() else "0"
+        clock.write_text("0\n")
+        record.notes.append(f"wall clock stepped from {was}s to 0s")
+        nudge()
+        time.sleep(2)  # the shim re-reads the offset every second
+
+
+def kill_pods(node: Node) -> int:
+    """SIGKILL every process in the node's cgroup root and every shim of its containerd (what a power cut does)."""
+    cgroot = "nc-" + node.cluster.values["NETCLAIM_BRIDGE"].removeprefix("ncb-")
+    shim_addr = f"{node.dir / 'c' / 'containerd.sock'}"
+    victims = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"/{cgroot}/" in cgroup or ("containerd-shim" in cmdline and shim_addr in cmdline):
+            victims.append(pid)
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in victims:
+        wait_gone(pid, 10)
+    return len(victims)
+
+
+def wipe_run_state(node: Node) -> int:
+    """Release what a reboot clears from /run: mounts under containerd's state dir, its and runc's state."""
+    ctd = node.dir / "c"
+    released = 0
+    for root in (ctd / "state", ctd / "runc"):
+        prefix = f"{root}/"
+        with open("/proc/self/mounts", encoding="utf-8") as fh:
+            mounts = [line.split()[1] for line in fh if line.split()[1].startswith(prefix)]
+        for mount in sorted(mounts, key=len, reverse=True):
+            if subprocess.run(["umount", mount], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", mount], capture_output=True)
+            released += 1
+        if root.is_dir():
+            for child in root.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+    return released
+
+
+def new_boot(soak_dir: Path) -> Boot:
+    """A fresh boot id, and clock offsets that make the new boot about 20 s old."""
+    boot_id = str(uuid.uuid4())
+    directory = soak_dir / f"boot-{boot_id[:8]}"
+    directory.mkdir(parents=True, exist_ok=True)
+    boottime = time.clock_gettime(time.CLOCK_BOOTTIME)
+    monotonic = time.clock_gettime(time.CLOCK_MONOTONIC)
+    return Boot(boot_id, -int(boottime - 20), -int(monotonic - 20), directory)
+
+
+ENTER = """#!/bin/sh
+# Generated by the soak (scripts/benchlib/soak_faults.py), TEST ONLY: run "$@" in the simulated boot
+# {boot_id}: its own mount namespace (boot_id file bind-mounted) and time namespace (CLOCK_BOOTTIME and
+# CLOCK_MONOTONIC offset), with the wall-clock shim for Python processes.
+export PYTHONPATH={shim_dir} NETCLAIM_SOAK_CLOCK_FILE={clock}
+exec {unshare} --mount --propagation slave --time --boottime {boottime} --monotonic {monotonic} \\
+    /bin/sh -c '{mount} --bind {boot_file} {boot_id_path} && exec "$@"' sh "$@"
+"""
+
+PLUGIN = """#!/bin/sh
+# Generated by the soak, TEST ONLY: the netclaim plugin in the simulated boot. While the clock is behind,
+# the plugin runs from source with the wall-clock shim (a static executable's clock cannot be shifted);
+# afterwards the static plugin runs again.
+if [ "$(cat {clock} 2>/dev/null)" = "0" ]; then
+    exec {enter} {static} "$@"
+fi
+exec {enter} {launcher} "$@"
+"""
+
+LAUNCHER = """#!{python} -IS
+# Generated by the soak, TEST ONLY: the source-tree plugin with the wall-clock shim.
+import sys
+sys.path.insert(0, {shim_dir!r})
+import soak_clockshim
+soak_clockshim.install({clock!r})
+sys.path.insert(0, {root!r})
+from cni_plugin.main import main
+sys.exit(main())
+"""
+
+SITECUSTOMIZE = """# Generated by the soak, TEST ONLY: the publisher's wall-clock shim (soak_clockshim.py is beside it).
+import soak_clockshim
+soak_clockshim.install()
+"""
+
+
+def write_executable(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+
+
+def write_boot(node: Node, boot: Boot, behind: float) -> None:
+    """Write the boot's files and install its plugin wrapper (for the runtime and for the chain keeper)."""
+    d = boot.dir
+    (d / "boot_id").write_text(boot.boot_id + "\n")
+    clock = node.soak_dir / "clock-offset"
+    clock.write_text(f"{-behind:.0f}\n")
+    shim_dir = d / "py"  # only the shim and sitecustomize: nothing here may shadow a real module
+    shim_dir.mkdir(exist_ok=True)
+    shutil.copy2(Path(__file__).with_name("soak_clockshim.py"), shim_dir / "soak_clockshim.py")
+    (shim_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    static = node.soak_dir / "netclaim.static"
+    if not static.exists():
+        shutil.copy2(node.nc / "keeper" / "netclaim", static)
+    write_executable(d / "enter", ENTER.format(
+        boot_id=boot.boot_id, shim_dir=shim_dir, clock=clock, unshare=shutil.which("unshare"),
+        boottime=boot.boottime_offset, monotonic=boot.monotonic_offset, mount=shutil.which("mount"),
+        boot_file=d / "boot_id", boot_id_path=BOOT_ID))
+    write_executable(d / "launcher", LAUNCHER.format(
+        python=sys.executable, shim_dir=str(shim_dir), clock=str(clock), root=str(REPO)))
+    plugin = PLUGIN.format(clock=clock, enter=d / "enter", static=static, launcher=d / "launcher")
+    # The keeper installs its source when the target changes: both get the wrapper.
+    write_executable(node.nc / "keeper" / "netclaim", plugin)
+    write_executable(Path(node.cluster.values["NETCLAIM_CNI_BIN"]) / "netclaim", plugin)
+    node.publisher_wrapper = d / "enter"
+
+
+def restart_phase() -> list[Fault]:
+    return [Restart("publisher", signal.SIGKILL), Restart("publisher", signal.SIGTERM), SpoolReadOnly(), Reboot(),
+            NtpStep()]
+
+
+def live_phase() -> list[Fault]:
+    return [Restart("kubelet", signal.SIGKILL), Restart("containerd", signal.SIGTERM), ApiserverRestart(),
+            JournalLock(), Restart("kubelet", signal.SIGTERM), StateDiskFull(), Restart("containerd", signal.SIGKILL),
+            ConflistRewrite()]
