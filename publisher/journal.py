@@ -14,101 +14,16 @@ import os
 import sqlite3
 import threading
 import time
-import zlib
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import limits, logs
 from .clock import node_seconds, wall
+from .journal_schema import (MIGRATIONS, META_SCHEMA, SCHEMA, _ATT_COLUMNS, Attachment,  # noqa: F401
+                             Pending, shard_key)
 from .order import BootOrder
 from cni_plugin.wire import Event, WireError, _boot_id, legacy_order
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    event_id TEXT NOT NULL UNIQUE,
-    container_id TEXT NOT NULL,
-    ifname TEXT NOT NULL,
-    op TEXT NOT NULL,
-    shard_key INTEGER NOT NULL,
-    received REAL NOT NULL,
-    body TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'pending',
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_try REAL NOT NULL DEFAULT 0,
-    error TEXT NOT NULL DEFAULT '',
-    finished REAL
-);
-CREATE INDEX IF NOT EXISTS events_pending ON events(state, container_id, ifname, seq);
-CREATE TABLE IF NOT EXISTS attachments (
-    container_id TEXT NOT NULL,
-    ifname TEXT NOT NULL,
-    driver TEXT NOT NULL,
-    network TEXT NOT NULL,
-    pod_namespace TEXT NOT NULL,
-    pod_name TEXT NOT NULL,
-    pod_uid TEXT NOT NULL,
-    claim_namespace TEXT NOT NULL,
-    claim_name TEXT NOT NULL,
-    claim_uid TEXT NOT NULL,
-    pool TEXT NOT NULL,
-    device TEXT NOT NULL,
-    share_id TEXT NOT NULL DEFAULT '',
-    entry TEXT NOT NULL,
-    result_hash TEXT NOT NULL,
-    event_ts REAL NOT NULL,
-    updated REAL NOT NULL,
-    PRIMARY KEY (container_id, ifname)
-);
-CREATE INDEX IF NOT EXISTS attachments_claim ON attachments(claim_namespace, claim_name);
-CREATE TABLE IF NOT EXISTS applied (
-    claim TEXT PRIMARY KEY,
-    body_hash TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tombstones (
-    container_id TEXT NOT NULL,
-    ifname TEXT NOT NULL,
-    stamp TEXT NOT NULL,
-    recorded REAL NOT NULL,
-    PRIMARY KEY (container_id, ifname)
-);
-CREATE TABLE IF NOT EXISTS fences (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    driver TEXT NOT NULL,
-    network TEXT NOT NULL,
-    stamp TEXT NOT NULL,
-    valid TEXT NOT NULL,
-    recorded REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dirty (
-    claim_namespace TEXT NOT NULL,
-    claim_name TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_try REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (claim_namespace, claim_name)
-);
-CREATE TABLE IF NOT EXISTS boots (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    boot_id TEXT UNIQUE NOT NULL,
-    first_seen REAL
-);
-"""
-# Columns added after the first release: (table, column, declaration) for journals written before.
-MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),
-              ("attachments", "request", "TEXT NOT NULL DEFAULT ''"),
-              ("attachments", "added", "TEXT NOT NULL DEFAULT ''"))
-# Facts about the journal itself; `boot_id` names the boot whose CLOCK_BOOTTIME the stored
-# times (received, next_try, finished, recorded, updated) were taken on.
-META_SCHEMA = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-
-
-@dataclass
-class Pending:
-    seq: int
-    event: Event
-    attempts: int
-    received: float  # node_seconds() when the journal received it (resolve timeouts count from it)
 
 
 class JournalBusy(sqlite3.OperationalError):
@@ -124,56 +39,10 @@ class WriteState:
     last_error: str = ""
 
 
-@dataclass
-class Attachment:
-    container_id: str
-    ifname: str
-    driver: str
-    network: str
-    pod_namespace: str
-    pod_name: str
-    pod_uid: str
-    claim_namespace: str
-    claim_name: str
-    claim_uid: str
-    pool: str
-    device: str
-    share_id: str
-    entry: dict[str, Any]
-    result_hash: str
-    event_ts: float
-    updated: float = 0.0
-    stamp: list = field(default_factory=list)  # wire order stamp of the event that wrote it
-    request: str = ""  # the plugin's configured request: the device is chosen again on reallocation
-    # Stamp of the ADD that gave this sandbox its attachment: the sandbox's age. A CHECK moves
-    # `stamp` (event order) but not this, so a CHECK of an older sandbox never makes it "latest".
-    added: list = field(default_factory=list)
-
-    @property
-    def claim_key(self) -> str:
-        return f"{self.claim_namespace}/{self.claim_name}"
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.container_id, self.ifname)
-
-    @property
-    def device_key(self) -> tuple[str, str, str, str]:
-        return (self.driver, self.pool, self.device, self.share_id)
-
-
-_ATT_COLUMNS = list(Attachment.__dataclass_fields__)
-
-
 def _create_private(path: str) -> None:
     """Create the database file 0600 before SQLite does (its -wal and -shm copy this mode)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     os.close(fd)
-
-
-def shard_key(container_id: str) -> int:
-    """Events of one sandbox always land on the same worker: per-attachment order."""
-    return zlib.crc32(container_id.encode())
 
 
 class Journal:
