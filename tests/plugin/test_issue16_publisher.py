@@ -25,7 +25,7 @@ import pytest
 from cni_plugin import wire
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "publisher"))
-from publisher_testkit import Publisher, request  # noqa: E402  (tests/publisher: the publisher subprocess)
+from publisher_testkit import Publisher, request, wait_until  # noqa: E402  (tests/publisher: the publisher subprocess)
 
 pytestmark = pytest.mark.controlplane
 
@@ -54,13 +54,7 @@ def publisher_at(control_plane):
 
 
 def wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(what, predicate, timeout)
 
 
 def vm_hwm_kib(pid: int) -> int:

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from publisher.kube import Credentials, Kube
+from publisher.metrics import Metrics
+from publisher.service import Service, Settings
 from publisher_testkit import Cluster, Plugin, Publisher, suffix
 
 
@@ -52,3 +55,15 @@ def publisher(publisher_factory):
 @pytest.fixture()
 def plugin(publisher, workdir):
     return Plugin(publisher.socket, publisher.spool, workdir)
+
+
+@pytest.fixture()
+def service(control_plane, workdir):
+    """A publisher Service in this process (real journal, real API server), not started:
+    tests drive its rules, reconciler and health directly."""
+    kube = Kube(Credentials(control_plane.kubeconfig).loader(control_plane.kubeconfig, 4),
+                credentials=Credentials(control_plane.kubeconfig))
+    svc = Service(Settings(node_name="node-a", state_dir=str(workdir / "state"), spool_dir=str(workdir / "spool"),
+                           workers=1, emit_events=False), kube, Metrics())
+    yield svc
+    svc.stop()

@@ -18,7 +18,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -325,6 +325,18 @@ def add(plugin: Plugin, cid: str, pod: PodRef, **kw: Any) -> None:
     out = plugin.run("ADD", cid, pod, kw.pop("prev", None) or cni_result(**kw.pop("res", {})),
                      netns="/var/run/netns/none", **kw)
     assert out.returncode == 0, f"plugin ADD failed: {out.stdout} {out.stderr}"
+
+
+def wait_until(what: str, probe: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """Poll `probe` until it returns something true (no timed assertion: the timeout is generous)."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: never true; last {value!r}")
 
 
 def drained(publisher: Publisher, timeout: float = 30.0) -> dict[str, Any]:

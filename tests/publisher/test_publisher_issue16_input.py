@@ -10,32 +10,17 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
-
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import DRIVER, MERGE, Cluster, Plugin, add, cni_result, drained, suffix
+from publisher_testkit import DRIVER, MERGE, Cluster, Plugin, add, cni_result, drained, suffix, wait_until
 
 pytestmark = pytest.mark.controlplane
 
 ORDINARY_PODS = 6
 OTHER_DRIVER = "other.example.com"
-
-
-def wait_until(what: str, probe: Callable[[], Any], timeout: float = 60.0) -> Any:
-    """Poll `probe` until it returns something true (no timed assertion: the timeout is generous)."""
-    deadline = time.time() + timeout
-    value = None
-    while time.time() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: never true; last {value!r}")
 
 
 def api_gets(publisher) -> float:

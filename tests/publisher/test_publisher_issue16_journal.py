@@ -25,20 +25,13 @@ import pytest
 
 from cni_plugin.wire import PodRef, event_request, list_spool
 from publisher import limits
-from publisher_testkit import Plugin, add, cni_result, request, resynced, wire_event
+from publisher_testkit import Plugin, add, cni_result, request, resynced, wait_until, wire_event
 
 pytestmark = pytest.mark.controlplane
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"{what} never became true (last: {last!r})")
+    return wait_until(what, predicate, timeout)
 
 
 def probe(publisher, path: str, timeout: float = 10.0) -> tuple[int, str]:

@@ -15,24 +15,12 @@ import pytest
 
 from cni_plugin.wire import Event, PodRef
 from publisher.journal import Pending
-from publisher.kube import Credentials, Kube
-from publisher.metrics import Metrics
-from publisher.service import Service, Settings
+from publisher.service import Service
 from publisher_testkit import DRIVER, MERGE, Cluster, cni_result, suffix, wire_event
 
 pytestmark = pytest.mark.controlplane
 
 EVERYTHING_DUE = 1e18
-
-
-@pytest.fixture()
-def service(control_plane, workdir):
-    kube = Kube(Credentials(control_plane.kubeconfig).loader(control_plane.kubeconfig, 4),
-                credentials=Credentials(control_plane.kubeconfig))
-    svc = Service(Settings(node_name="node-a", state_dir=str(workdir / "state"), spool_dir=str(workdir / "spool"),
-                           workers=1, emit_events=False), kube, Metrics())
-    yield svc
-    svc.stop()
 
 
 def journaled(svc: Service, *events: Event) -> list[Pending]:

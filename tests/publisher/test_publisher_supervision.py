@@ -16,9 +16,6 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher.kube import Credentials, Kube
-from publisher.metrics import Metrics
-from publisher.service import Service, Settings
 from publisher_testkit import cni_result, wire_event
 
 pytestmark = pytest.mark.controlplane
@@ -26,16 +23,6 @@ pytestmark = pytest.mark.controlplane
 
 def disk_full(*_a, **_kw):
     raise sqlite3.OperationalError("database or disk is full")
-
-
-@pytest.fixture()
-def service(control_plane, workdir):
-    kube = Kube(Credentials(control_plane.kubeconfig).loader(control_plane.kubeconfig, 4),
-                credentials=Credentials(control_plane.kubeconfig))
-    svc = Service(Settings(node_name="node-a", state_dir=str(workdir / "state"), spool_dir=str(workdir / "spool"),
-                           workers=1, emit_events=False), kube, Metrics())
-    yield svc
-    svc.stop()
 
 
 def wait(predicate, timeout: float = 20.0) -> None:
