@@ -123,10 +123,21 @@ def test_generated_manifests_are_not_stale() -> None:
 # ---------------------------------------------------------------- the real API server
 
 
+NON_DEFAULT = ("nameOverride=nc", "commonLabels.team=net", "podLabels.tier=node", "imagePullSecrets[0].name=regcred",
+               "serviceAccount.annotations.owner=net", "updateStrategy.maxUnavailable=10%",
+               "resourceQuota.enabled=true", "securityContext.privileged=true", "securityContext.seLinuxType=spc_t",
+               "cni.pluginLogFile=/var/log/netclaim/plugin.log",
+               "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+               ".matchExpressions[0].key=netclaim",
+               "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+               ".matchExpressions[0].operator=Exists")
+
+
 @pytest.mark.controlplane
-def test_rendered_objects_pass_server_side_dry_run(api_client) -> None:
+@pytest.mark.parametrize("values", [(), NON_DEFAULT], ids=["defaults", "issue18_item7_non_default"])
+def test_rendered_objects_pass_server_side_dry_run(api_client, values: tuple[str, ...]) -> None:
     ns = f"ncchart-{uuid.uuid4().hex[:6]}"
-    docs = render("namespace.create=true", release="netclaim", namespace=ns)
+    docs = render("namespace.create=true", *values, release="netclaim", namespace=ns)
     dyn = DynamicClient(api_client)
     apply_object(dyn, one(docs, "Namespace"), MANAGER, dry_run=False)
     failures = []
