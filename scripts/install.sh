@@ -2,7 +2,7 @@
 # Install (or remove) the netclaim CNI plugin on one node.
 #
 #   scripts/install.sh --conflist FILE --driver-name NAME [options]   install or update
-#   scripts/install.sh --conflist FILE --uninstall [--cni-bin-dir DIR] remove again
+#   scripts/install.sh --conflist FILE --uninstall [--cni-bin-dir DIR] [--log-file FILE]   remove again
 #   scripts/install.sh --print [options]                              show the plugin and the entry
 #
 # Options:
@@ -13,7 +13,8 @@
 #   --socket PATH          the publisher's socket (plugin default /run/netclaim/publisher.sock)
 #   --spool-dir DIR        where the plugin spools events while the publisher is down
 #   --state-dir DIR        the publisher's state directory (created 0700)
-#   --log-file FILE        the plugin's log file (JSON lines)
+#   --log-file FILE        the plugin's log file (JSON lines, rotated to FILE.1 at 1 MiB; default:
+#                          none); with --uninstall, FILE and FILE.1 are removed
 #   --failure-policy P     Ignore (default: a pod never fails because of netclaim) or Fail
 #   --bundle FILE          the self-contained plugin executable to install (default: `netclaim`
 #                          beside this script or in ../bin (the image's /opt/netclaim/bin), else
@@ -195,6 +196,8 @@ do_uninstall() {
     "$(editor_python)" "$HERE/conflist_edit.py" uninstall --conflist "$(host "$CONFLIST")" >/dev/null \
         || die "conflist $CONFLIST was not changed"
     rm -f "$(host "$CNI_BIN_DIR")/netclaim"
+    # The plugin's log and its one rotated generation (cni_plugin/log.py), when named.
+    if [[ -n "$LOG_FILE" ]]; then rm -f -- "$(host "$LOG_FILE")" "$(host "$LOG_FILE").1"; fi
     log "netclaim removed from $CONFLIST and $CNI_BIN_DIR"
 }
 

@@ -151,6 +151,21 @@ def test_uninstall_restores_the_original_bytes_and_removes_the_plugin(tmp_root: 
     assert conflist.read_bytes() == original
 
 
+def test_issue18_item6_uninstall_removes_the_plugin_log_and_its_rotation(tmp_root: Path) -> None:
+    conflist = write_base(tmp_root)
+    log = tmp_root / "log" / "netclaim" / "plugin.log"
+    log.parent.mkdir(parents=True)
+    log.write_text('{"event": "ADD"}\n')
+    Path(f"{log}.1").write_text('{"event": "older"}\n')
+    keep = log.parent / "someone-elses.log"
+    keep.write_text("not ours\n")
+
+    run_install("--cni-bin-dir", str(tmp_root / "bin"), "--conflist", str(conflist), "--uninstall",
+                "--log-file", str(log))
+
+    assert sorted(p.name for p in log.parent.iterdir()) == ["someone-elses.log"]
+
+
 def test_uninstall_keeps_changes_made_after_install(tmp_root: Path) -> None:
     conflist = write_base(tmp_root)
     run_install(*install_args(tmp_root, conflist))
