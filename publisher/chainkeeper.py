@@ -62,6 +62,7 @@ from .conflist import (
     has_entry,
     in_place,
     install,
+    is_multus,
     load_conflist,
     network_files,
     uninstall,
@@ -192,7 +193,7 @@ class ChainKeeper:
             if not path.is_file() and backup_of(path).exists() and converted_name(path).is_file():
                 return converted_name(path)  # a named .conf the keeper converted
             return path if path.is_file() else None
-        files = network_files(self.cfg.conf_dir)
+        files = [f for f in network_files(self.cfg.conf_dir) if not is_multus(f)]
         return files[0] if files else None
 
     def ensure_plugin(self) -> None:

@@ -436,6 +436,22 @@ def network_files(conf_dir: Path) -> list[Path]:
             if not n.startswith(".") and n.endswith(NETWORK_EXTENSIONS) and (conf_dir / n).is_file()]
 
 
+MULTUS_TYPES = ("multus", "multus-shim")
+
+
+def is_multus(path: Path) -> bool:
+    """Multus' own network file: it delegates to the next network file, which is where netclaim goes
+    (Multus re-renders its file from that one; chaining into or converting Multus' file would fight it)."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(doc, dict):
+        return False
+    first = doc["plugins"][0] if is_conflist(doc) else doc
+    return first.get("type") in MULTUS_TYPES
+
+
 def has_entry(path: Path) -> bool:
     """True when the file is a conflist with a netclaim entry (unreadable files: False)."""
     try:
