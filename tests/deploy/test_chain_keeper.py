@@ -285,9 +285,9 @@ class OtherWriter(threading.Thread):
                 try:
                     if self.react(self.node):
                         self.rewrites += 1
+                    last = dir_state(self.node.net_d)
                 except (FileNotFoundError, ValueError):
-                    pass  # read while the keeper renamed: look again
-                last = dir_state(self.node.net_d)
+                    pass  # read while another writer renamed: look again
             time.sleep(0.02)
 
     def __enter__(self) -> "OtherWriter":
