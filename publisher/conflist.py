@@ -236,6 +236,8 @@ def install(path: Path, entry: dict[str, Any], keep_position: bool = False, hook
     Raises Refused (nothing changed, the file cannot be edited safely) or
     Changed (someone wrote the file meanwhile; nothing of theirs was replaced).
     """
+    if not path.exists() and backup_of(path).exists() and converted_name(path).exists():
+        path = converted_name(path)  # a .conf converted before: its conflist is what to update
     try:
         stamp = Stamp.read(path)
     except FileNotFoundError:
