@@ -494,3 +494,27 @@ def test_issue18_item5_not_chained_is_not_ready_and_logged_once(node: Node, plug
         (node.net_d / "10-broken.conflist").write_text(json.dumps(PRIMARY))
         wait(lambda: get(port, "/readyz")[0] == 200, "ready once chained", keeper, tmp_root)
         assert sample(port, "netclaim_chained", "10-broken.conflist") == 1
+
+
+@pytest.mark.controlplane
+def test_issue18_item1_the_contest_is_a_warning_event_on_the_node(node: Node, plugin_binary, tmp_root: Path,
+                                                                control_plane, api_client) -> None:
+    from kubernetes import client
+
+    node_name = f"node-{os.urandom(3).hex()}"
+
+    def contested() -> list[dict[str, Any]]:
+        resp = client.EventsV1Api(api_client).list_namespaced_event("default", _preload_content=False)
+        return [e for e in json.loads(resp.data)["items"]
+                if e.get("reason") == "ChainContested" and e["regarding"].get("name") == node_name]
+
+    node.write("05-cilium.conflist", CILIUM)
+    with OtherWriter(node, cilium_exclusive), \
+            running_keeper(node, plugin_binary, tmp_root, f"--node-name={node_name}",
+                           f"--kubeconfig={control_plane.kubeconfig}") as keeper:
+        wait(lambda: bool(contested()), "the ChainContested Event", keeper, tmp_root, timeout=60)
+        event = contested()[0]
+        assert event["type"] == "Warning" and event["regarding"]["kind"] == "Node"
+        assert event["regarding"]["uid"] == node_name  # as the kubelet's: `kubectl describe node` shows it
+        assert "05-cilium.conflist" in event["note"]
+        assert event["reportingController"] == "netclaim.dev/publisher" and event["action"] == "ChainPlugin"
