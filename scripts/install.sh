@@ -32,7 +32,9 @@
 # (no source checkout). It is written atomically (temp file + rename, 0755), so
 # a runtime starting the plugin meanwhile runs either the old or the new one.
 # The conflist is edited by conflist_edit.py (atomic write, backup of the
-# original, refuses what it cannot parse).
+# original, refuses what it cannot parse). A single-plugin NAME.conf is
+# converted to NAME.conflist the way the runtime reads it; --uninstall with the
+# same --conflist puts NAME.conf back byte for byte.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -180,11 +182,19 @@ write_plugin() {
 do_install() {
     editor_python >/dev/null
     resolve_bundle
-    [[ -f "$(host "$CONFLIST")" ]] || die "conflist $CONFLIST not found"
+    local converted="${CONFLIST%.*}.conflist" outcome
+    if [[ ! -f "$(host "$CONFLIST")" ]] && ! [[ -f "$(host "$CONFLIST").netclaim.bak" && -f "$(host "$converted")" ]]; then
+        die "conflist $CONFLIST not found"
+    fi
     # Edit the conflist first: if it is refused, nothing else has changed.
     entry_args
-    "$(editor_python)" "$HERE/conflist_edit.py" install --conflist "$(host "$CONFLIST")" "${ENTRY_ARGS[@]}" >/dev/null \
+    outcome="$("$(editor_python)" "$HERE/conflist_edit.py" install --conflist "$(host "$CONFLIST")" "${ENTRY_ARGS[@]}")" \
         || die "conflist $CONFLIST was not changed"
+    if [[ "$outcome" == *'"outcome": "converted"'* ]]; then
+        # A single-plugin .conf: the runtime reads it as a one-plugin conflist, so that is what it
+        # becomes (same sort position); --uninstall --conflist $CONFLIST gives the original back.
+        log "converted the single-plugin $CONFLIST to $converted (original kept for --uninstall)"
+    fi
     write_plugin
     [[ -n "$SOCKET" ]] && make_private_dir "$(dirname "$SOCKET")"
     make_private_dir "$SPOOL_DIR"
