@@ -317,3 +317,18 @@ def test_issue18_item7_offline_template_needs_only_the_documented_kube_version()
     assert "kind: DaemonSet" in proc.stdout
     without = helm("template", "netclaim", str(CHART), "--namespace", "netclaim-system", check=False)
     assert without.returncode != 0 and "kubeVersion" in without.stderr
+
+
+def test_issue18_item5_the_keeper_is_observable_not_ready_while_unchained() -> None:
+    """The keeper container reports per node: its node name (ChainContested Events on the Node),
+    /metrics beside the publisher's, and a readiness probe on its /readyz, so a node where
+    netclaim is out of the chain is a DaemonSet pod that is not ready."""
+    docs = render("metrics.keeperPort=9999", "metrics.podMonitor.enabled=true")
+    keeper = containers(docs)["chain-keeper"]
+    assert "--node-name=$(NETCLAIM_NODE_NAME)" in keeper["args"]
+    assert "--metrics-address=$(HOST_IP):9999" in keeper["args"]
+    assert {e["name"] for e in keeper["env"]} >= {"NETCLAIM_NODE_NAME", "HOST_IP"}
+    assert keeper["ports"] == [{"name": "keeper-metrics", "containerPort": 9999, "protocol": "TCP"}]
+    assert keeper["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "keeper-metrics"}
+    ports = {p["port"] for p in one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]}
+    assert ports == {"metrics", "keeper-metrics"}
