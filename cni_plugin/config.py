@@ -31,7 +31,7 @@ COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
 DEFAULT_SOCKET = "/run/netclaim/publisher.sock"
 DEFAULT_SPOOL_DIR = "/var/lib/netclaim/spool"
 DEFAULT_STATE_DIR = "/var/lib/netclaim/plugin-state"
-DEFAULT_LOG_FILE = "/var/log/netclaim/plugin.log"
+DEFAULT_LOG_FILE = ""  # no log file unless the entry names one (cni_plugin/log.py)
 DEFAULT_ACK_TIMEOUT_MS = 1000
 DEFAULT_SPOOL_MAX_FILES = 1024
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
@@ -291,6 +291,17 @@ def _string(raw: dict[str, Any], key: str, default: str, *, required: bool = Fal
     return value or default
 
 
+def _log_file(raw: dict[str, Any]) -> str:
+    """`logFile`: absent, null or "" mean no log file; anything else an absolute path.
+
+    "" is how an installer says "no log" (the chart's `cni.pluginLogFile: ""`),
+    so it must never turn into a default path the operator did not name.
+    """
+    if raw.get("logFile") == "":
+        return ""
+    return _string(raw, "logFile", DEFAULT_LOG_FILE, absolute_path=True)
+
+
 def _check_text(value: str, field: str) -> None:
     """Strings that reach the OS (paths, names, sysctl values) must be NUL-free UTF-8.
 
@@ -420,7 +431,7 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
         socket_path=_string(raw, "socketPath", DEFAULT_SOCKET, absolute_path=True),
         spool_dir=_string(raw, "spoolDir", DEFAULT_SPOOL_DIR, absolute_path=True),
         state_dir=_string(raw, "stateDir", DEFAULT_STATE_DIR, absolute_path=True),
-        log_file=_string(raw, "logFile", DEFAULT_LOG_FILE, absolute_path=True),
+        log_file=_log_file(raw),
         raw=raw,
     )
     policy = raw.get("failurePolicy")
@@ -471,7 +482,7 @@ def tolerant_netconf(raw: dict[str, Any]) -> tuple[NetConf, list[str]]:
         socket_path=keep(lambda: _string(raw, "socketPath", DEFAULT_SOCKET, absolute_path=True), ""),
         spool_dir=keep(lambda: _string(raw, "spoolDir", DEFAULT_SPOOL_DIR, absolute_path=True), ""),
         state_dir=keep(lambda: _string(raw, "stateDir", DEFAULT_STATE_DIR, absolute_path=True), ""),
-        log_file=keep(lambda: _string(raw, "logFile", DEFAULT_LOG_FILE, absolute_path=True), ""),
+        log_file=keep(lambda: _log_file(raw), ""),
         raw=raw,
     )
     timeout = keep(lambda: _int(raw, "ackTimeoutMs", "ackTimeoutMs", 1, 60000), None)

@@ -3,6 +3,17 @@
 stdout belongs to the CNI protocol (libcni parses it), so a stray log line
 there would break the runtime. The file is opened lazily with O_APPEND and
 each record is one write(2), so concurrent plugin runs do not interleave.
+
+No `logFile` (absent or ""): no file at all; warnings and errors go to stderr,
+which the runtime records with the plugin's failure, and info lines are
+dropped (a node's runtime log is not the place for one line per pod start).
+
+The file is bounded: a run that opens it at MAX_LOG_BYTES or more renames it to
+`<logFile>.1` (replacing the previous one) and starts a new file, so the log
+never takes more than about twice the cap. Rotation is safe under concurrent
+runs: a run still holding the old file appends to `.1` (nothing is lost), and
+a run renames only the file it opened (same inode), so two runs that both see
+an oversized file do not rotate twice.
 """
 
 from __future__ import annotations
@@ -11,6 +22,9 @@ import os
 import time
 
 from .jsonio import dumps
+
+MAX_LOG_BYTES = 1 << 20  # one MiB per file: plugin.log plus plugin.log.1
+ROTATED_SUFFIX = ".1"
 
 
 def _timestamp(now: float) -> str:
@@ -28,10 +42,35 @@ def _open_log(path: str) -> int:
 
     dfd = open_dir(os.path.dirname(path), 0o750)
     try:
+        name = os.path.basename(path)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(os.path.basename(path), flags, 0o640, dir_fd=dfd)
+        fd = os.open(name, flags, 0o640, dir_fd=dfd)
+        if os.fstat(fd).st_size < MAX_LOG_BYTES:
+            return fd
+        if _rotate(dfd, name, fd):
+            os.close(fd)
+            fd = os.open(name, flags, 0o640, dir_fd=dfd)
+        return fd
     finally:
         os.close(dfd)
+
+
+def _rotate(dfd: int, name: str, fd: int) -> bool:
+    """Rename the oversized file to NAME.1 if NAME is still the file we opened.
+
+    Another run may have rotated it already (NAME is then a new, small file):
+    renaming that one would throw away the log just rotated. A lost race
+    leaves the file as it is; a failed rename keeps appending to the old file.
+    """
+    try:
+        current = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        mine = os.fstat(fd)
+        if (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
+            return True
+        os.rename(name, name + ROTATED_SUFFIX, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except OSError:
+        return False
+    return True
 
 
 class Log:
@@ -60,6 +99,8 @@ class Log:
         return self._fd
 
     def write(self, level: str, event: str, **fields: object) -> None:
+        if level == "info" and not self.path:
+            return  # no logFile: only what the runtime should show (module docstring)
         now = time.time()
         record = {"ts": _timestamp(now), "level": level, "event": event, "component": "netclaim-cni"}
         record.update(self.fields)

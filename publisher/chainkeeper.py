@@ -9,11 +9,21 @@ therefore lost sooner or later, and netclaim silently drops out of the chain.
 The keeper runs beside the publisher in the DaemonSet. It:
 - installs the self-contained plugin executable into the CNI bin dir (temp
   file + rename, so a runtime never executes half a file);
-- chains the netclaim entry last into the primary conflist (the one named, or
+- chains the netclaim entry into the primary conflist (the one named, or
   the first network file by name, the file libcni-based runtimes use) and
   re-chains it within one poll interval after any rewrite; every write is
-  atomic (publisher/conflist.py) and a file that does not parse (say, read
-  while a careless writer is halfway through) is left alone and retried;
+  atomic and compared before it replaces anything (publisher/conflist.py), a
+  file that does not parse (say, read while a careless writer is halfway
+  through) is left alone and retried, and a single-plugin .conf is converted;
+- leaves an entry that is after the primary plugin where it is and inserts a
+  missing one last (the rule is in publisher/conflist.py), so a chainer that
+  moves itself last (istio-cni, linkerd-cni) and the keeper never fight; a
+  writer that undoes every keeper write (Cilium's exclusive mode) is detected,
+  backed off from and reported (publisher/chainguard.py);
+- records a state as handled only after re-reading the file and finding the
+  entry there, so a rewrite right after its own write is never taken for done;
+- says how the node stands: /readyz and /metrics on --metrics-address, a
+  `chain status` log line on every change, a Warning Event on the Node;
 - on SIGTERM tells an uninstall from an upgrade or a restart: only when its
   DaemonSet is gone, being deleted, or its credentials were revoked (the
   release's RBAC is deleted with it) does it put the node back as it was:
@@ -29,6 +39,7 @@ that list changes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -38,13 +49,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import logs
+from . import limits, logs
+from .chainguard import ChainGuard, KeeperMetrics
+from .clock import node_seconds
 from .conflist import (
     BACKUP_SUFFIX,
     NETWORK_EXTENSIONS,
+    Changed,
     Refused,
+    backup_of,
+    converted_name,
     has_entry,
+    in_place,
     install,
+    is_multus,
+    load_conflist,
     network_files,
     uninstall,
 )
@@ -52,7 +71,8 @@ from .conflist import (
 PLUGIN_NAME = "netclaim"
 # Seconds to keep asking for the DaemonSet on SIGTERM (the chart's grace period is 30).
 DECIDE_WITHIN = 15.0
-Snapshot = tuple[tuple[str, int, int, int], ...]
+Snapshot = tuple[tuple[str, int, int, int, str], ...]
+DIGEST_LIMIT = 1 << 20  # bytes of a network file hashed into the snapshot
 
 
 @dataclass
@@ -66,10 +86,18 @@ class KeeperConfig:
     conflist: str = ""  # a file name in conf_dir; empty: the first network file by name
     cleanup_dirs: list[Path] = field(default_factory=list)  # emptied on uninstall (spool, journal)
     poll_interval: float = 1.0
+    # Tests only: seconds to stop at a point of an edit ("before-replace", "after-write"), to land a
+    # write of another process exactly there.
+    test_pauses: dict[str, float] = field(default_factory=dict)
 
 
 def snapshot(conf_dir: Path) -> Snapshot:
-    """What changes when anyone writes, renames or removes a file in the directory."""
+    """What changes when anyone writes, renames or removes a file in the directory.
+
+    Network files also contribute a digest of their bytes: an in-place rewrite
+    of the same size within one mtime tick (the kernel's timestamps are coarser
+    than their nanoseconds) changes nothing else.
+    """
     out = []
     try:
         names = sorted(os.listdir(conf_dir))
@@ -78,10 +106,47 @@ def snapshot(conf_dir: Path) -> Snapshot:
     for name in names:
         try:
             st = os.stat(conf_dir / name)
-        except FileNotFoundError:
+            digest = ""
+            if name.endswith(NETWORK_EXTENSIONS):
+                with open(conf_dir / name, "rb") as fh:
+                    digest = hashlib.blake2b(fh.read(DIGEST_LIMIT), digest_size=16).hexdigest()
+        except (FileNotFoundError, IsADirectoryError):
             continue
-        out.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
+        out.append((name, st.st_ino, st.st_mtime_ns, st.st_size, digest))
     return tuple(out)
+
+
+def chained_in_place(path: Path) -> bool:
+    """Read the file again: netclaim is in it, after the primary plugin."""
+    try:
+        _raw, doc = load_conflist(path)
+    except (Refused, OSError):
+        return False
+    return in_place(doc["plugins"])
+
+
+@dataclass
+class KeeperStatus:
+    """How the node stands, for /readyz, the `chain status` log line and the metrics."""
+
+    conflist: str = ""  # the primary network file, as the runtime picks it
+    chained: bool = False
+    contested: tuple[str, ...] = ()  # conflists another writer keeps undoing (reported)
+    problem: str = ""  # why not chained, when not
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready when chained, or when the contest that keeps it out is reported (Event, metric, log)."""
+        return self.chained or bool(self.contested), self.line()
+
+    def line(self) -> str:
+        state = "chained" if self.chained else "not chained"
+        out = f"{state} conflist={self.conflist or '-'}"
+        if self.contested:
+            out += f" contested={','.join(self.contested)} (another writer keeps undoing netclaim's entry; " \
+                   "the keeper backs off)"
+        if self.problem and not self.chained:
+            out += f" problem={self.problem}"
+        return out
 
 
 def copy_atomic(src: Path, dst: Path, mode: int = 0o755) -> bool:
@@ -108,18 +173,27 @@ def copy_atomic(src: Path, dst: Path, mode: int = 0o755) -> bool:
 class ChainKeeper:
     """One node's chaining state; `reconcile()` is idempotent and cheap when nothing changed."""
 
-    def __init__(self, cfg: KeeperConfig) -> None:
+    def __init__(self, cfg: KeeperConfig, metrics: KeeperMetrics | None = None,
+                 report: Callable[[str, str], None] | None = None) -> None:
         self.cfg = cfg
         self.log = logs.get()
+        self.metrics = metrics or KeeperMetrics()
+        self.report = report or (lambda conflist, note: None)  # a Warning Event on the Node, if possible
+        self.guard = ChainGuard()
+        self.status = KeeperStatus()
         self._seen: Snapshot | None = None
         self._plugin_stat: tuple[int, int] | None = None
+        self._warned: dict[str, float] = {}
+        self._labels: set[str] = set()
         self.stop = threading.Event()
 
     def primary(self) -> Path | None:
         if self.cfg.conflist:
             path = self.cfg.conf_dir / self.cfg.conflist
+            if not path.is_file() and backup_of(path).exists() and converted_name(path).is_file():
+                return converted_name(path)  # a named .conf the keeper converted
             return path if path.is_file() else None
-        files = network_files(self.cfg.conf_dir)
+        files = [f for f in network_files(self.cfg.conf_dir) if not is_multus(f)]
         return files[0] if files else None
 
     def ensure_plugin(self) -> None:
@@ -137,36 +211,113 @@ class ChainKeeper:
         st = target.stat()
         self._plugin_stat = (st.st_ino, st.st_mtime_ns)
 
+    def pause(self, point: str, path: Path) -> None:
+        seconds = self.cfg.test_pauses.get(point, 0.0)
+        if seconds > 0:
+            self.log.info("test pause", extra={"point": point, "conflist": path.name, "seconds": seconds})
+            time.sleep(seconds)
+
     def reconcile(self) -> bool:
-        """Chain into the primary, unchain elsewhere; True when the node is as wanted."""
+        """Chain into the primary, unchain elsewhere; True when netclaim is in the primary's chain."""
         self.ensure_plugin()
+        now = node_seconds()
         seen = snapshot(self.cfg.conf_dir)
-        if seen == self._seen:
-            return True
         primary = self.primary()
+        if seen == self._seen and not (primary and self.guard.retry_due(primary.name, now)):
+            return self.status.chained
+        self._seen = None  # recorded again only once the entry is seen in place
         if primary is None:
-            self.log.warning("no conflist to chain into yet", extra={"conf_dir": str(self.cfg.conf_dir),
-                                                                     "conflist": self.cfg.conflist or "(first)"})
+            self.set_status("", False, "no network config in the conf dir yet")
             return False
+        if not self.guard.may_write(primary.name, now):
+            # Contested and backing off: look, do not write; the retry comes when the backoff ends.
+            chained = chained_in_place(primary)
+            self._seen = seen
+            self.set_status(primary.name, chained, "" if chained else "contested, backing off")
+            return chained
+        target = self.chain(primary, now)
+        if target is None:
+            return False
+        self.pause("after-write", target)
+        self.unchain_others(target)
+        settled = snapshot(self.cfg.conf_dir)
+        chained = chained_in_place(target)  # re-read: a rewrite right after ours must not count as done
+        if chained:
+            self._seen = settled
+            if self.guard.settle(primary.name, now):
+                self.log.info("chain contest over: netclaim stayed chained", extra={"conflist": primary.name})
+        self.set_status(target.name, chained, "" if chained else "rewritten right after the keeper's write")
+        return chained
+
+    def chain(self, primary: Path, now: float) -> Path | None:
+        """One compare-before-replace edit of the primary; the file netclaim is now chained in, or None."""
         try:
-            outcome = install(primary, self.cfg.entry)
+            outcome = install(primary, self.cfg.entry, keep_position=True, hook=self.pause)
+        except Changed as exc:
+            self.metrics.aborted.inc()
+            self.log.info("conflist changed while being edited; looking again", extra={"conflist": primary.name,
+                                                                                       "detail": str(exc)})
+            return None
         except (Refused, OSError) as exc:
-            # Not recorded as seen: retried on the next poll.
-            self.log.warning("conflist not chained, will retry", extra={"conflist": primary.name,
-                                                                        "error": str(exc)})
-            return False
-        if outcome != "unchanged":
-            self.log.info("netclaim chained", extra={"conflist": primary.name, "outcome": outcome})
+            # Not recorded as seen: retried on the next poll; logged when it changes, then now and then.
+            self.set_status(primary.name, False, str(exc))
+            return None
+        if outcome == "unchanged":
+            return primary
+        self.metrics.rewrites.labels(primary.name).inc()
+        self.log.info("netclaim chained", extra={"conflist": primary.name, "outcome": outcome})
+        if self.guard.wrote(primary.name, now):
+            self.contest_started(primary.name)
+        return converted_name(primary) if outcome == "converted" else primary
+
+    def contest_started(self, name: str) -> None:
+        note = (f"netclaim's chain entry in {name} was removed again after each of the chain keeper's last "
+                f"{limits.CHAIN_WRITES_MAX + 1} writes within {limits.CHAIN_WRITES_WINDOW:.0f}s: another writer "
+                f"(the primary CNI, e.g. Cilium with cni.exclusive) owns {name}. The keeper stops rewriting it "
+                f"and retries with a backoff; pods created while netclaim is out of the chain get no network "
+                f"status. Make the primary CNI keep foreign entries (or chain netclaim through its own config).")
+        self.log.warning("chain contested: backing off", extra={"conflist": name,
+                                                                "backoff": limits.CHAIN_BACKOFF_FIRST})
+        self.report(name, note)
+
+    def unchain_others(self, primary: Path) -> None:
         for other in network_files(self.cfg.conf_dir):
-            if other != primary and has_entry(other):
-                self.log.info("netclaim unchained from a conflist that is no longer primary",
-                              extra={"conflist": other.name, "outcome": uninstall(other)})
+            if other == primary or not has_entry(other):
+                continue
+            try:
+                outcome = uninstall(other)
+            except (Refused, OSError) as exc:
+                self.log.warning("netclaim left in a conflist that is no longer primary",
+                                 extra={"conflist": other.name, "error": str(exc)})
+                continue
+            self.log.info("netclaim unchained from a conflist that is no longer primary",
+                          extra={"conflist": other.name, "outcome": outcome})
         # The backup of a conflist that was removed (Cilium's exclusive mode moves foreign files
         # away) is kept: when the file is moved back, still chained, its original bytes are what
         # uninstall must give back. Backups are not network files (the runtime ignores them) and
         # remove_everything() deletes every one of them.
-        self._seen = snapshot(self.cfg.conf_dir)
-        return True
+
+    def set_status(self, conflist: str, chained: bool, problem: str) -> None:
+        """Update status and metrics; log a `chain status` line when it changed (problems now and then)."""
+        new = KeeperStatus(conflist, chained, tuple(self.guard.contested()), problem)
+        for name in self._labels - {conflist}:
+            self.metrics.chained.labels(name).set(0)
+        if conflist:
+            self._labels.add(conflist)
+            self.metrics.chained.labels(conflist).set(1 if chained else 0)
+        for name in self.guard.contests:
+            self.metrics.contested.labels(name).set(1 if name in new.contested else 0)
+        self.metrics.ready.set(1 if new.ready()[0] else 0)
+        changed = new != self.status
+        self.status = new
+        now = node_seconds()
+        if not changed and (chained or now - self._warned.get(new.line(), -1e9) < limits.CHAIN_WARN_EVERY):
+            return
+        self._warned = {new.line(): now}
+        if chained:
+            self.log.info("chain status", extra={"status": new.line()})
+        else:
+            self.log.warning("chain status", extra={"status": new.line()})
 
     def run(self) -> None:
         """Reconcile every poll interval until `stop` is set."""
@@ -254,32 +405,59 @@ class StopSignal:
         return stop
 
 
+@dataclass
+class Reporting:
+    """Where the keeper says how the node stands, besides its log: all optional."""
+
+    metrics_address: str = ""  # host:port for /metrics, /readyz, /healthz; empty: none
+    # Given the outcome counter, the (conflist, note) warner that posts a Warning Event on the Node.
+    events: Callable[[Callable[[str], None]], Callable[[str, str], None]] | None = None
+
+
+def start_health(address: str, keeper: ChainKeeper) -> Any:
+    """The publisher's bounded server (publisher/metrics.py) with the keeper's registry and readiness."""
+    from .metrics import HealthServer
+
+    # The status object is replaced on every change: read it at request time.
+    server = HealthServer(address, keeper.metrics, lambda: keeper.status.ready())  # type: ignore[arg-type]
+    server.start()
+    logs.get().info("chain keeper metrics", extra={"address": address, "port": server.port})
+    return server
+
+
 def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
-               stop: StopSignal | None = None) -> int:
+               stop: StopSignal | None = None, reporting: Reporting | None = None) -> int:
     """The keeper's life: chain, keep chained, and on SIGTERM clean up if uninstalled."""
     log = logs.get()
-    keeper = ChainKeeper(cfg)
+    reporting = reporting or Reporting()
+    metrics = KeeperMetrics()
+    warn = reporting.events(lambda result: metrics.k8s_events.labels(result).inc()) if reporting.events else None
+    keeper = ChainKeeper(cfg, metrics, warn)
     if once:
         # Best effort: a node whose primary CNI is not installed yet still gets
         # the plugin now; the long-running keeper chains it when the file comes.
         keeper.reconcile()
+        log.info("chain status", extra={"status": keeper.status.line()})
         return 0
     stop = stop or StopSignal.install()
     keeper.stop = stop.event
     signalled = stop.signals
+    health = start_health(reporting.metrics_address, keeper) if reporting.metrics_address else None
     log.info("chain keeper started", extra={"conf_dir": str(cfg.conf_dir), "conflist": cfg.conflist or "(first)",
                                             "poll_interval": cfg.poll_interval})
     keeper.run()
     log.info("chain keeper signalled: uninstall or upgrade?", extra={"signal": signalled[-1] if signalled else 0})
     state = "unknown"
-    deadline = time.monotonic() + DECIDE_WITHIN
-    while decide is not None and state == "unknown" and time.monotonic() < deadline:
+    deadline = node_seconds() + DECIDE_WITHIN
+    while decide is not None and state == "unknown" and node_seconds() < deadline:
         state = decide()
         if state == "unknown":
             time.sleep(1.0)
     log.info("chain keeper stopping", extra={"owner": state})
     if state == "gone":
         keeper.remove_everything()
+    if health is not None:
+        health.stop()
     return 0
 
 

@@ -241,10 +241,18 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
               help="Unchain, remove the plugin and empty the cleanup dirs now, then exit.")
 @click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
               type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON or text.")
+@click.option("--node-name", envvar="NETCLAIM_NODE_NAME", show_envvar=True, default="",
+              help="This node: a chain contest is posted as a Warning Event on it (empty: no Event).")
+@click.option("--metrics-address", envvar="NETCLAIM_KEEPER_METRICS_ADDRESS", show_envvar=True, default="",
+              help="host:port for /metrics, /readyz (chained, or the contest reported) and /healthz "
+                   "(empty: none).")
+@click.option("--test-pause", multiple=True, hidden=True, metavar="POINT=SECONDS",
+              help="Tests only: stop at a point of an edit (before-replace, after-write).")
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
                  plugin_log_file: str, cleanup_dir: tuple[str, ...], poll_interval: float, daemonset: str,
-                 namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool, log_format: str) -> None:
+                 namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool, log_format: str,
+                 node_name: str, metrics_address: str, test_pause: tuple[str, ...]) -> None:
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
     from pathlib import Path
 
@@ -265,7 +273,8 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
         raise click.UsageError(f"{exc} (--driver-name)") from None
     cfg = chainkeeper.KeeperConfig(
         conf_dir=Path(cni_conf_dir), bin_dir=Path(cni_bin_dir), plugin_binary=Path(plugin_binary), entry=entry,
-        conflist=conflist, cleanup_dirs=[Path(d) for d in cleanup_dir], poll_interval=poll_interval)
+        conflist=conflist, cleanup_dirs=[Path(d) for d in cleanup_dir], poll_interval=poll_interval,
+        test_pauses={k: float(v) for k, _, v in (p.partition("=") for p in test_pause)})
     if uninstall_now:
         sys.exit(chainkeeper.uninstall_now(cfg))
     if daemonset and not namespace:
@@ -274,13 +283,13 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     # The client is made now, not on SIGTERM: importing it takes seconds on a
     # busy node, and the decision must fit in the pod's grace period.
     kube = None
-    if daemonset and not once:
+    if (daemonset or node_name) and not once:
         from .kube import Kube
 
         try:
             kube = Kube(api_client_for(kubeconfig, 1))
         except click.ClickException as exc:
-            logs.get().warning("no API client; on SIGTERM the node stays chained",
+            logs.get().warning("no API client; no Events, and on SIGTERM the node stays chained",
                                extra={"error": exc.format_message()})
 
     def decide() -> str:
@@ -288,7 +297,29 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
             return "unknown"
         return chainkeeper.owner_state(lambda: kube.get_daemonset(namespace, daemonset))
 
-    sys.exit(chainkeeper.run_keeper(cfg, once, decide if daemonset else None, stop))
+    reporting = chainkeeper.Reporting(metrics_address=metrics_address)
+    if kube is not None and node_name:
+        reporting.events = contest_events(kube, node_name)
+    sys.exit(chainkeeper.run_keeper(cfg, once, decide if daemonset else None, stop, reporting))
+
+
+def contest_events(kube: Any, node_name: str) -> Any:
+    """ChainContested Warning Events on the Node, through the publisher's bounded, deduplicated recorder.
+
+    Returns a factory: given the keeper's outcome counter, the (conflist, note) warner.
+    """
+    from .events import EventRecorder, node_ref
+
+    def make(count: Any) -> Any:
+        recorder = EventRecorder(kube, node_name, count, action="ChainPlugin")
+        recorder.start()
+
+        def warn(conflist: str, note: str) -> None:
+            recorder.warn(node_ref(node_name), "ChainContested", note, fields={"conflist": conflist})
+
+        return warn
+
+    return make
 
 
 def limit_malloc_arenas(arenas: int = 2) -> None:

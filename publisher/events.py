@@ -65,6 +65,11 @@ def pod_ref(namespace: str, name: str, uid: str = "") -> ObjectRef:
     return ObjectRef("v1", "Pod", namespace, name, uid)
 
 
+def node_ref(name: str) -> ObjectRef:
+    """A Node, the way the kubelet refers to it (uid = the node's name; `kubectl describe node` looks for both)."""
+    return ObjectRef("v1", "Node", "", name, name)
+
+
 def trim_note(note: str, limit: int = NOTE_LIMIT) -> str:
     """Cut to `limit` UTF-8 bytes (the API counts bytes), marking the cut."""
     raw = note.encode()
@@ -79,19 +84,21 @@ def micro_time(ts: float) -> str:
 
 
 def event_body(regarding: ObjectRef, reason: str, note: str, node_name: str,
-               related: ObjectRef | None, now: float) -> dict[str, Any]:
+               related: ObjectRef | None, now: float, action: str = ACTION) -> dict[str, Any]:
     """An events.k8s.io/v1 Warning as the API server validates it (reason/action <= 128, note <= 1 KiB)."""
     body: dict[str, Any] = {
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
         # The name scheme of client-go's recorders (generateName ending in "."
         # is refused for Events); 200 keeps it under the 253 limit.
-        "metadata": {"name": f"{regarding.name[:200]}.{time.time_ns():x}", "namespace": regarding.namespace},
+        # A cluster-scoped object's (a Node's) Events live in "default", as the kubelet's do.
+        "metadata": {"name": f"{regarding.name[:200]}.{time.time_ns():x}",
+                     "namespace": regarding.namespace or "default"},
         "eventTime": micro_time(now),
         "type": "Warning",
         "reportingController": REPORTING_CONTROLLER,
         "reportingInstance": f"netclaim/{node_name}"[:128],
-        "action": ACTION,
+        "action": action[:128],
         "reason": reason[:128],
         "note": trim_note(note),
         "regarding": regarding.to_api(),
@@ -124,8 +131,10 @@ class EventRecorder:
 
     def __init__(self, kube: Kube, node_name: str, count: Callable[[str], None] = lambda result: None,
                  enabled: bool = True, window: float = DEDUP_WINDOW,
-                 clock: Callable[[], float] = time.monotonic, series_flush: float = SERIES_FLUSH) -> None:
+                 clock: Callable[[], float] = time.monotonic, series_flush: float = SERIES_FLUSH,
+                 action: str = ACTION) -> None:
         self.kube = kube
+        self.action = action
         self.node_name = node_name
         self.count = count
         self.enabled = enabled
@@ -159,7 +168,7 @@ class EventRecorder:
         if not self.enabled:
             self.count("disabled")
             return False
-        body = event_body(regarding, reason, note, self.node_name, related, time.time())
+        body = event_body(regarding, reason, note, self.node_name, related, time.time(), self.action)
         slot = self._first_in_window(regarding, reason, body)
         if slot is None:
             self.count("deduplicated")
@@ -239,7 +248,7 @@ class EventRecorder:
         extra = {"reason": body["reason"], "regarding": f"{regarding['kind']} {regarding['namespace']}/"
                  f"{regarding['name']}", **fields}
         try:
-            self.kube.create_event(regarding["namespace"], body)
+            self.kube.create_event(body["metadata"]["namespace"], body)
         except ApiError as exc:
             self.count("failed")
             self.log.warning("kubernetes event not created", extra={"code": exc.code, "error": exc.message, **extra})

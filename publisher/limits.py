@@ -229,3 +229,10 @@ HTTP_WORKERS = 4  # threads answering /metrics, /healthz, /readyz
 HTTP_QUEUE = 16  # accepted connections waiting for one of them; more are closed at once
 HTTP_TIMEOUT = 5.0  # seconds a metrics/probe connection may take to send its request
 INTERNAL_ERROR_RETRIES = 3  # an event whose handling raised a non-journal error this often is failed, not retried forever
+
+# ---- Chain keeper (publisher/chainguard.py): when keeping netclaim chained turns into a fight.
+CHAIN_WRITES_MAX = 5  # keeper writes of one conflist within CHAIN_WRITES_WINDOW; one more = contested
+CHAIN_WRITES_WINDOW = 60.0  # seconds; also how long a contested conflist must stay chained to be settled
+CHAIN_BACKOFF_FIRST = 10.0  # seconds without writing a contested conflist, doubled after each lost retry
+CHAIN_BACKOFF_CAP = 600.0  # a contested conflist is still retried this often
+CHAIN_WARN_EVERY = 300.0  # the same "not chained" warning is logged at most this often

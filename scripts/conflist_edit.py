@@ -9,6 +9,9 @@ original, refusal of what it cannot parse: see that module).
     conflist_edit.py uninstall --conflist FILE
     conflist_edit.py entry     --set driverName=NAME [--set KEY=VALUE ...]   (print only)
 
+A single-plugin FILE.conf is converted to FILE.conflist (outcome "converted");
+uninstall with the same --conflist FILE.conf restores it byte for byte.
+
 Exit codes: 0 done (or nothing to do), 2 refused (message on stderr).
 """
 

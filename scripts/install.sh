@@ -2,7 +2,7 @@
 # Install (or remove) the netclaim CNI plugin on one node.
 #
 #   scripts/install.sh --conflist FILE --driver-name NAME [options]   install or update
-#   scripts/install.sh --conflist FILE --uninstall [--cni-bin-dir DIR] remove again
+#   scripts/install.sh --conflist FILE --uninstall [--cni-bin-dir DIR] [--log-file FILE]   remove again
 #   scripts/install.sh --print [options]                              show the plugin and the entry
 #
 # Options:
@@ -13,7 +13,8 @@
 #   --socket PATH          the publisher's socket (plugin default /run/netclaim/publisher.sock)
 #   --spool-dir DIR        where the plugin spools events while the publisher is down
 #   --state-dir DIR        the publisher's state directory (created 0700)
-#   --log-file FILE        the plugin's log file (JSON lines)
+#   --log-file FILE        the plugin's log file (JSON lines, rotated to FILE.1 at 1 MiB; default:
+#                          none); with --uninstall, FILE and FILE.1 are removed
 #   --failure-policy P     Ignore (default: a pod never fails because of netclaim) or Fail
 #   --bundle FILE          the self-contained plugin executable to install (default: `netclaim`
 #                          beside this script or in ../bin (the image's /opt/netclaim/bin), else
@@ -31,7 +32,9 @@
 # (no source checkout). It is written atomically (temp file + rename, 0755), so
 # a runtime starting the plugin meanwhile runs either the old or the new one.
 # The conflist is edited by conflist_edit.py (atomic write, backup of the
-# original, refuses what it cannot parse).
+# original, refuses what it cannot parse). A single-plugin NAME.conf is
+# converted to NAME.conflist the way the runtime reads it; --uninstall with the
+# same --conflist puts NAME.conf back byte for byte.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -179,11 +182,19 @@ write_plugin() {
 do_install() {
     editor_python >/dev/null
     resolve_bundle
-    [[ -f "$(host "$CONFLIST")" ]] || die "conflist $CONFLIST not found"
+    local converted="${CONFLIST%.*}.conflist" outcome
+    if [[ ! -f "$(host "$CONFLIST")" ]] && ! [[ -f "$(host "$CONFLIST").netclaim.bak" && -f "$(host "$converted")" ]]; then
+        die "conflist $CONFLIST not found"
+    fi
     # Edit the conflist first: if it is refused, nothing else has changed.
     entry_args
-    "$(editor_python)" "$HERE/conflist_edit.py" install --conflist "$(host "$CONFLIST")" "${ENTRY_ARGS[@]}" >/dev/null \
+    outcome="$("$(editor_python)" "$HERE/conflist_edit.py" install --conflist "$(host "$CONFLIST")" "${ENTRY_ARGS[@]}")" \
         || die "conflist $CONFLIST was not changed"
+    if [[ "$outcome" == *'"outcome": "converted"'* ]]; then
+        # A single-plugin .conf: the runtime reads it as a one-plugin conflist, so that is what it
+        # becomes (same sort position); --uninstall --conflist $CONFLIST gives the original back.
+        log "converted the single-plugin $CONFLIST to $converted (original kept for --uninstall)"
+    fi
     write_plugin
     [[ -n "$SOCKET" ]] && make_private_dir "$(dirname "$SOCKET")"
     make_private_dir "$SPOOL_DIR"
@@ -195,6 +206,8 @@ do_uninstall() {
     "$(editor_python)" "$HERE/conflist_edit.py" uninstall --conflist "$(host "$CONFLIST")" >/dev/null \
         || die "conflist $CONFLIST was not changed"
     rm -f "$(host "$CNI_BIN_DIR")/netclaim"
+    # The plugin's log and its one rotated generation (cni_plugin/log.py), when named.
+    if [[ -n "$LOG_FILE" ]]; then rm -f -- "$(host "$LOG_FILE")" "$(host "$LOG_FILE").1"; fi
     log "netclaim removed from $CONFLIST and $CNI_BIN_DIR"
 }
 

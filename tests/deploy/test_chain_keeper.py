@@ -11,13 +11,17 @@ half-written by its owner is left alone until it parses.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +85,26 @@ def keeper_argv(node: Node, plugin: Path, *extra: str) -> list[str]:
             "--request=nic", "--poll-interval=0.2", f"--cleanup-dir={node.spool.parent}", "--log-format=text", *extra]
 
 
-@pytest.fixture()
-def keeper(node: Node, plugin_binary: Path, tmp_root: Path) -> Iterator[subprocess.Popen[bytes]]:
-    node.write("10-calico.conflist", PRIMARY)
-    log = (tmp_root / "keeper.log").open("wb")
-    proc = subprocess.Popen(keeper_argv(node, plugin_binary), stdout=log, stderr=subprocess.STDOUT, env=python_env())
+@contextlib.contextmanager
+def running_keeper(node: Node, plugin: Path, root: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The real keeper process, its log in ROOT/keeper.log; stopped (SIGTERM, no uninstall) at the end."""
+    log = (root / "keeper.log").open("ab")
+    proc = subprocess.Popen(keeper_argv(node, plugin, *extra), stdout=log, stderr=subprocess.STDOUT,
+                            env=python_env())
     try:
-        wait(lambda: node.chained("10-calico.conflist"), "the first chaining", proc, tmp_root)
         yield proc
     finally:
         terminate(proc)
         log.close()
+
+
+@pytest.fixture()
+def keeper(node: Node, plugin_binary: Path, tmp_root: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A keeper that has chained 10-calico.conflist."""
+    node.write("10-calico.conflist", PRIMARY)
+    with running_keeper(node, plugin_binary, tmp_root) as proc:
+        wait(lambda: node.chained("10-calico.conflist"), "the first chaining", proc, tmp_root)
+        yield proc
 
 
 def wait(check, what: str, proc: subprocess.Popen[bytes] | None = None, root: Path | None = None,
@@ -206,3 +219,302 @@ def test_uninstall_puts_the_node_back_byte_for_byte(node: Node, keeper, plugin_b
     assert sorted(os.listdir(node.net_d)) == ["10-calico.conflist"]
     assert not (node.bin_d / "netclaim").exists()
     assert list(node.spool.parent.iterdir()) == []  # spool and journal gone
+
+
+# ---------------------------------------------------------------- issue 18: fights, races, .conf primaries
+
+METRICS = "--metrics-address=127.0.0.1:0"
+
+
+def keeper_log(root: Path) -> str:
+    return (root / "keeper.log").read_text(errors="replace")
+
+
+def metrics_port(proc: subprocess.Popen[bytes], root: Path) -> int:
+    found: list[int] = []
+
+    def listening() -> bool:
+        m = re.search(r"chain keeper metrics .*port=(\d+)", keeper_log(root))
+        if m:
+            found.append(int(m.group(1)))
+        return bool(m)
+
+    wait(listening, "the metrics server", proc, root)
+    return found[0]
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def sample(port: int, name: str, conflist: str) -> float:
+    """One series of the keeper's /metrics (0 when absent)."""
+    _code, text = get(port, "/metrics")
+    m = re.search(rf'^{name}{{conflist="{re.escape(conflist)}"}} ([0-9.e+]+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def dir_state(net_d: Path) -> tuple:
+    out = []
+    for name in sorted(os.listdir(net_d)):
+        try:
+            st = os.stat(net_d / name)
+        except FileNotFoundError:
+            continue
+        out.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+class OtherWriter(threading.Thread):
+    """Another program that owns (part of) the conf dir: `react` runs on every directory change
+    (its own writes excluded) and returns True when it wrote; `rewrites` counts those."""
+
+    def __init__(self, node: Node, react: Callable[[Node], bool]) -> None:
+        super().__init__(daemon=True)
+        self.node, self.react, self.rewrites, self.stop = node, react, 0, threading.Event()
+
+    def run(self) -> None:
+        last = None
+        while not self.stop.is_set():
+            now = dir_state(self.node.net_d)
+            if now != last:
+                try:
+                    if self.react(self.node):
+                        self.rewrites += 1
+                    last = dir_state(self.node.net_d)
+                except (FileNotFoundError, ValueError):
+                    pass  # read while another writer renamed: look again
+            time.sleep(0.02)
+
+    def __enter__(self) -> "OtherWriter":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.join()
+
+
+CILIUM = {"cniVersion": "0.3.1", "name": "cilium", "plugins": [{"type": "cilium-cni", "enable-debug": False}]}
+
+
+def cilium_exclusive(node: Node) -> bool:
+    """Cilium's cni.exclusive: its conflist exactly as it renders it, every other network file moved away."""
+    wrote = False
+    if (node.net_d / "05-cilium.conflist").read_bytes() != json.dumps(CILIUM, indent=1).encode():
+        node.write("05-cilium.conflist", CILIUM)
+        wrote = True
+    for path in node.net_d.iterdir():
+        if path.name != "05-cilium.conflist" and path.name.endswith((".conf", ".conflist", ".json")):
+            os.rename(path, path.with_name(path.name + ".cilium_bak"))
+            wrote = True
+    return wrote
+
+
+def appends_itself_last(plugin_type: str) -> Callable[[Node], bool]:
+    """istio-cni / linkerd-cni: their entry last in the primary conflist, re-done on every change."""
+
+    def react(node: Node) -> bool:
+        doc = node.doc("10-calico.conflist")
+        if doc["plugins"][-1]["type"] == plugin_type:
+            return False
+        doc["plugins"] = [p for p in doc["plugins"] if p["type"] != plugin_type] + [{"type": plugin_type}]
+        node.write("10-calico.conflist", doc)
+        return True
+
+    return react
+
+
+def side_by_side(seconds: float, keeper: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert keeper.poll() is None, "the keeper exited"
+        time.sleep(0.5)
+
+
+def test_issue18_item1_cilium_exclusive_watcher_no_loop_and_the_contest_is_reported(node: Node, plugin_binary,
+                                                                                    tmp_root: Path) -> None:
+    node.write("05-cilium.conflist", CILIUM)
+    with OtherWriter(node, cilium_exclusive) as cilium, \
+            running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:
+        port = metrics_port(keeper, tmp_root)
+        side_by_side(35, keeper)
+        undone = cilium.rewrites
+        # Bounded: CHAIN_WRITES_MAX + 1 writes make it contested, then a retry after 10 s and 20 s more
+        # (the old keeper re-chained on every poll: well over 100 rewrites in 35 s).
+        assert undone <= 10, f"{undone} rewrites in 35 s: a loop\n{keeper_log(tmp_root)}"
+        assert 1 <= sample(port, "netclaim_chain_rewrites_total", "05-cilium.conflist") <= 10
+        assert sample(port, "netclaim_chain_contested", "05-cilium.conflist") == 1
+        code, body = get(port, "/readyz")
+        assert code == 200 and "contested=05-cilium.conflist" in body, body
+        assert "chain contested: backing off" in keeper_log(tmp_root)
+
+
+@pytest.mark.parametrize("chainer", ["istio-cni", "linkerd-cni"])
+def test_issue18_item1_a_chainer_that_moves_itself_last_converges(node: Node, plugin_binary, tmp_root: Path,
+                                                                  chainer: str) -> None:
+    node.write("10-calico.conflist", PRIMARY)
+    with OtherWriter(node, appends_itself_last(chainer)) as other, \
+            running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:
+        port = metrics_port(keeper, tmp_root)
+        side_by_side(30, keeper)
+        types = [p["type"] for p in node.doc("10-calico.conflist")["plugins"]]
+        assert types == ["bridge", "portmap", "netclaim", chainer], types
+        assert other.rewrites <= 2, f"{other.rewrites} rewrites: a loop\n{keeper_log(tmp_root)}"
+        assert sample(port, "netclaim_chain_rewrites_total", "10-calico.conflist") <= 2
+        assert sample(port, "netclaim_chained", "10-calico.conflist") == 1
+        assert sample(port, "netclaim_chain_contested", "10-calico.conflist") == 0
+        code, body = get(port, "/readyz")
+        assert code == 200 and body.startswith("chained conflist=10-calico.conflist"), body
+
+
+@pytest.mark.parametrize("primary", ["calico-in-place", "flannel-copy"])
+def test_issue18_item1_a_primary_that_rewrites_now_and_then_is_rechained_without_a_contest(
+        node: Node, plugin_binary, tmp_root: Path, primary: str) -> None:
+    """Calico's install-cni rewrites its file in place on restart; flannel's copies its conflist again."""
+    name = "10-calico.conflist" if primary.startswith("calico") else "10-flannel.conflist"
+    node.write(name, PRIMARY, atomic=False)
+    with running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:
+        port = metrics_port(keeper, tmp_root)
+        for mtu in (1500, 1450, 1400):
+            time.sleep(8)
+            node.write(name, dict(PRIMARY, mtu=mtu), atomic=False)
+            wait(lambda: node.chained(name) and node.doc(name).get("mtu") == mtu, "re-chaining", keeper, tmp_root)
+        assert sample(port, "netclaim_chain_rewrites_total", name) == 4  # the first chaining and 3 restarts
+        assert sample(port, "netclaim_chain_contested", name) == 0
+        assert get(port, "/readyz")[0] == 200
+
+
+MULTUS = {"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus-shim",
+          "socketDir": "/run/multus/", "logLevel": "verbose"}
+
+
+def multus_auto_config(node: Node) -> bool:
+    """Multus' auto-generated 00-multus.conf, re-rendered when its master (the next network file) changes."""
+    master = node.doc("10-flannel.conflist")
+    want = dict(MULTUS, delegates=[master])
+    try:
+        if node.doc("00-multus.conf") == want:
+            return False
+    except FileNotFoundError:
+        pass
+    node.write("00-multus.conf", want)
+    return True
+
+
+def test_issue18_item1_multus_conf_is_left_alone_and_its_delegate_chained(node: Node, plugin_binary,
+                                                                         tmp_root: Path) -> None:
+    node.write("10-flannel.conflist", PRIMARY)
+    with OtherWriter(node, multus_auto_config) as multus, \
+            running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:
+        port = metrics_port(keeper, tmp_root)
+        side_by_side(20, keeper)
+        assert node.chained("10-flannel.conflist")
+        doc = node.doc("00-multus.conf")
+        assert doc["type"] == "multus-shim" and doc["delegates"][0]["plugins"][-1]["type"] == "netclaim"
+        assert sorted(os.listdir(node.net_d)) == ["00-multus.conf", "10-flannel.conflist",
+                                                   "10-flannel.conflist.netclaim.bak"]
+        assert multus.rewrites <= 3
+        assert sample(port, "netclaim_chain_rewrites_total", "10-flannel.conflist") == 1
+
+
+def pauses(root: Path, point: str) -> int:
+    return keeper_log(root).count(f"test pause point={point}")
+
+
+def test_issue18_item2_a_rewrite_right_after_the_keepers_write_is_not_taken_for_done(node: Node, plugin_binary,
+                                                                                     tmp_root: Path) -> None:
+    node.write("10-calico.conflist", PRIMARY)
+    with running_keeper(node, plugin_binary, tmp_root, "--test-pause=after-write=2") as keeper:
+        wait(lambda: pauses(tmp_root, "after-write") >= 1, "the keeper's first write", keeper, tmp_root)
+        assert node.chained("10-calico.conflist")
+        # The primary CNI rewrites its file while the keeper is just past its own write.
+        node.write("10-calico.conflist", dict(PRIMARY, name="after"))
+        wait(lambda: node.chained("10-calico.conflist") and node.doc("10-calico.conflist")["name"] == "after",
+             "re-chaining the rewrite that landed right after the keeper's write", keeper, tmp_root, timeout=30)
+
+
+def test_issue18_item2_a_write_mid_edit_is_not_reverted(node: Node, plugin_binary, tmp_root: Path) -> None:
+    node.write("10-calico.conflist", dict(PRIMARY, mtu=1500))
+    with running_keeper(node, plugin_binary, tmp_root, "--test-pause=before-replace=2") as keeper:
+        wait(lambda: pauses(tmp_root, "before-replace") >= 1, "the keeper's first edit", keeper, tmp_root)
+        # Mid-edit (read, not yet replaced), the primary CNI changes its MTU.
+        node.write("10-calico.conflist", dict(PRIMARY, mtu=1450))
+        wait(lambda: node.chained("10-calico.conflist"), "chaining", keeper, tmp_root, timeout=30)
+        assert node.doc("10-calico.conflist")["mtu"] == 1450, "the primary's MTU change was reverted"
+        assert "changed while being edited" in keeper_log(tmp_root)
+        backup = json.loads((node.net_d / "10-calico.conflist.netclaim.bak").read_text())
+        assert backup["mtu"] == 1450
+
+
+SINGLE = b'{\n\t"cniVersion": "0.4.0",\n\t"name": "podnet",\n\t"type": "bridge",\n\t"bridge": "cni0",\n' \
+         b'\t"ipam": {"type": "host-local", "subnet": "10.22.0.0/16"}\n}\n'
+
+
+def test_issue18_item4_single_plugin_conf_primary_is_converted_chained_and_restored(node: Node, plugin_binary,
+                                                                                    tmp_root: Path) -> None:
+    (node.net_d / "10-bridge.conf").write_bytes(SINGLE)
+    (node.net_d / "20-other.conflist").write_text(json.dumps(PRIMARY))
+    with running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:
+        port = metrics_port(keeper, tmp_root)
+        wait(lambda: node.chained("10-bridge.conflist") and not (node.net_d / "10-bridge.conf").exists(),
+             "converting and chaining the .conf", keeper, tmp_root)
+        doc = node.doc("10-bridge.conflist")
+        # libcni's ConfListFromConf: name and cniVersion lifted, the whole conf is plugins[0].
+        assert doc["name"] == "podnet" and doc["cniVersion"] == "0.4.0"
+        assert doc["plugins"][0] == json.loads(SINGLE) and len(doc["plugins"]) == 2
+        # Still the network the runtime picks: the first network file by name.
+        networks = sorted(n for n in os.listdir(node.net_d) if n.endswith((".conf", ".conflist", ".json")))
+        assert networks[0] == "10-bridge.conflist"
+        assert not node.chained("20-other.conflist")
+        assert get(port, "/readyz")[0] == 200
+        keeper.send_signal(signal.SIGTERM)
+        assert keeper.wait(10) == 0
+    proc = subprocess.run(keeper_argv(node, plugin_binary, "--uninstall"), capture_output=True, text=True,
+                          env=python_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (node.net_d / "10-bridge.conf").read_bytes() == SINGLE
+    assert sorted(os.listdir(node.net_d)) == ["10-bridge.conf", "20-other.conflist"]
+
+
+def test_issue18_item5_not_chained_is_not_ready_and_logged_once(node: Node, plugin_binary, tmp_root: Path) -> None:
+    (node.net_d / "10-broken.conflist").write_bytes(b'{"plugins": [')
+    with running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:
+        port = metrics_port(keeper, tmp_root)
+        wait(lambda: get(port, "/readyz")[0] == 503, "not ready", keeper, tmp_root)
+        code, body = get(port, "/readyz")
+        assert body.startswith("not chained conflist=10-broken.conflist") and "not valid JSON" in body, body
+        assert sample(port, "netclaim_chained", "10-broken.conflist") == 0
+        time.sleep(2)  # ten polls
+        assert keeper_log(tmp_root).count("chain status") == 1, keeper_log(tmp_root)
+        (node.net_d / "10-broken.conflist").write_text(json.dumps(PRIMARY))
+        wait(lambda: get(port, "/readyz")[0] == 200, "ready once chained", keeper, tmp_root)
+        assert sample(port, "netclaim_chained", "10-broken.conflist") == 1
+
+
+@pytest.mark.controlplane
+def test_issue18_item1_the_contest_is_a_warning_event_on_the_node(node: Node, plugin_binary, tmp_root: Path,
+                                                                control_plane, api_client) -> None:
+    from kubernetes import client
+
+    node_name = f"node-{os.urandom(3).hex()}"
+
+    def contested() -> list[dict[str, Any]]:
+        resp = client.EventsV1Api(api_client).list_namespaced_event("default", _preload_content=False)
+        return [e for e in json.loads(resp.data)["items"]
+                if e.get("reason") == "ChainContested" and e["regarding"].get("name") == node_name]
+
+    node.write("05-cilium.conflist", CILIUM)
+    with OtherWriter(node, cilium_exclusive), \
+            running_keeper(node, plugin_binary, tmp_root, f"--node-name={node_name}",
+                           f"--kubeconfig={control_plane.kubeconfig}") as keeper:
+        wait(lambda: bool(contested()), "the ChainContested Event", keeper, tmp_root, timeout=60)
+        event = contested()[0]
+        assert event["type"] == "Warning" and event["regarding"]["kind"] == "Node"
+        assert event["regarding"]["uid"] == node_name  # as the kubelet's: `kubectl describe node` shows it
+        assert "05-cilium.conflist" in event["note"]
+        assert event["reportingController"] == "netclaim.dev/publisher" and event["action"] == "ChainPlugin"

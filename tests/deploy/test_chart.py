@@ -123,10 +123,21 @@ def test_generated_manifests_are_not_stale() -> None:
 # ---------------------------------------------------------------- the real API server
 
 
+NON_DEFAULT = ("nameOverride=nc", "commonLabels.team=net", "podLabels.tier=node", "imagePullSecrets[0].name=regcred",
+               "serviceAccount.annotations.owner=net", "updateStrategy.maxUnavailable=10%",
+               "resourceQuota.enabled=true", "securityContext.privileged=true", "securityContext.seLinuxType=spc_t",
+               "cni.pluginLogFile=/var/log/netclaim/plugin.log",
+               "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+               ".matchExpressions[0].key=netclaim",
+               "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+               ".matchExpressions[0].operator=Exists")
+
+
 @pytest.mark.controlplane
-def test_rendered_objects_pass_server_side_dry_run(api_client) -> None:
+@pytest.mark.parametrize("values", [(), NON_DEFAULT], ids=["defaults", "issue18_item7_non_default"])
+def test_rendered_objects_pass_server_side_dry_run(api_client, values: tuple[str, ...]) -> None:
     ns = f"ncchart-{uuid.uuid4().hex[:6]}"
-    docs = render("namespace.create=true", release="netclaim", namespace=ns)
+    docs = render("namespace.create=true", *values, release="netclaim", namespace=ns)
     dyn = DynamicClient(api_client)
     apply_object(dyn, one(docs, "Namespace"), MANAGER, dry_run=False)
     failures = []
@@ -169,3 +180,155 @@ def test_helm_install_and_uninstall_against_the_real_api_server(control_plane, a
         client.AppsV1Api(api_client).read_namespaced_daemon_set(name, ns)
     assert err.value.status == 404
     client.CoreV1Api(api_client).delete_namespace(ns)
+
+
+# ---------------------------------------------------------------- issue 18 item 7: chart parity
+
+
+def pod_spec(docs: list[dict]) -> dict:
+    return one(docs, "DaemonSet")["spec"]["template"]["spec"]
+
+
+def containers(docs: list[dict]) -> dict[str, dict]:
+    pod = pod_spec(docs)
+    return {c["name"]: c for c in pod["containers"] + pod["initContainers"]}
+
+
+def test_issue18_item7_every_new_value_reaches_the_rendered_objects() -> None:
+    """helm template with each non-default value; the objects carry it."""
+    docs = render("nameOverride=nc", "commonLabels.team=net", "podLabels.tier=node",
+                  "imagePullSecrets[0].name=regcred", "serviceAccount.annotations.owner=net-team",
+                  "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+                  ".matchExpressions[0].key=netclaim",
+                  "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+                  ".matchExpressions[0].operator=Exists",
+                  "updateStrategy.maxUnavailable=10%", "resourceQuota.enabled=true", "resourceQuota.pods=500",
+                  "securityContext.seLinuxType=spc_t", release="edge")
+    ds = one(docs, "DaemonSet")
+    assert ds["metadata"]["name"] == "edge-nc"
+    assert ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "nc"
+    for doc in docs:
+        assert doc["metadata"]["labels"]["team"] == "net", f"{doc['kind']} lacks commonLabels"
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["tier"] == "node" and pod_labels["team"] == "net"
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}
+    pod = pod_spec(docs)
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term["matchExpressions"] == [{"key": "netclaim", "operator": "Exists"}]
+    assert one(docs, "ServiceAccount")["metadata"]["annotations"] == {"owner": "net-team"}
+    quota = one(docs, "ResourceQuota")
+    assert quota["spec"]["hard"] == {"pods": "500"}
+    assert quota["spec"]["scopeSelector"]["matchExpressions"][0]["values"] == ["system-node-critical",
+                                                                               "system-cluster-critical"]
+    for name, c in containers(docs).items():
+        assert c["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}, name
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False, name
+    # The chain keeper's Role names the overridden DaemonSet.
+    [role] = [r for r in by_kind(docs, "Role")]
+    assert role["rules"][0]["resourceNames"] == ["edge-nc"]
+    assert one(render("fullnameOverride=node-net"), "DaemonSet")["metadata"]["name"] == "node-net"
+    on_delete = one(render("updateStrategy.type=OnDelete"), "DaemonSet")["spec"]["updateStrategy"]
+    assert on_delete == {"type": "OnDelete"}
+
+
+def test_issue18_item7_privileged_toggle_renders_a_valid_security_context() -> None:
+    for name, c in containers(render("securityContext.privileged=true")).items():
+        sc = c["securityContext"]
+        # The API refuses privileged together with allowPrivilegeEscalation=false.
+        assert sc["privileged"] is True and "allowPrivilegeEscalation" not in sc, name
+    for name, c in containers(render()).items():
+        sc = c["securityContext"]
+        assert "privileged" not in sc and sc["allowPrivilegeEscalation"] is False, name
+        assert "seLinuxOptions" not in sc, name
+
+
+def test_issue18_item7_defaults_have_no_cpu_limits_but_keep_requests() -> None:
+    docs = render()
+    assert not by_kind(docs, "ResourceQuota")
+    for name, c in containers(docs).items():
+        assert "cpu" not in c["resources"].get("limits", {}), name
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"], name
+    ds = one(docs, "DaemonSet")
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
+
+
+def test_issue18_item7_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_when_set() -> None:
+    docs = render("cni.pluginLogFile=/var/log/netclaim/plugin.log")
+    assert one(docs, "ConfigMap")["data"]["NETCLAIM_PLUGIN_LOG_FILE"] == "/var/log/netclaim/plugin.log"
+    pod = pod_spec(docs)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["plugin-log"]["hostPath"]["path"] == "/var/log/netclaim"
+    keeper = containers(docs)["chain-keeper"]
+    assert "--cleanup-dir=/host/netclaim/log" in keeper["args"]
+    assert {"name": "plugin-log", "mountPath": "/host/netclaim/log"} in keeper["volumeMounts"]
+    default = render()
+    assert "plugin-log" not in {v["name"] for v in pod_spec(default)["volumes"]}
+    assert "--cleanup-dir=/host/netclaim/log" not in containers(default)["chain-keeper"]["args"]
+
+
+@pytest.mark.parametrize("bad", ["cni.confdir=/etc/cni/net.d", "resources.publisher.limit.cpu=1", "typo=1",
+                                 "updateStrategy.maxUnavailable=0", "failurePolicy=ignore",
+                                 # uninstall empties the log's directory: never a shared one
+                                 "cni.pluginLogFile=/var/log/plugin.log", "apf.priorityLevel.queue=3"])
+def test_issue18_item7_a_typo_or_bad_value_is_refused(bad: str) -> None:
+    for verb in ("template", "lint"):
+        args = [verb, *(["x"] if verb == "template" else []), str(CHART), "--kube-version", kube_version(),
+                "--set", bad]
+        if verb == "lint":
+            args.insert(1, "--strict")
+        proc = helm(*args, check=False)
+        assert proc.returncode != 0, f"helm {verb} accepted {bad}"
+        assert "values don't meet the specifications" in proc.stdout + proc.stderr or \
+            "schema" in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
+
+
+def test_issue18_item7_lint_strict_passes_with_every_non_default_value() -> None:
+    helm("lint", "--strict", str(CHART), "--kube-version", kube_version(),
+         "--set", "nameOverride=nc", "--set", "fullnameOverride=node-net", "--set", "commonLabels.team=net",
+         "--set", "podLabels.tier=node", "--set", "imagePullSecrets[0].name=regcred",
+         "--set", "serviceAccount.annotations.owner=net", "--set", "affinity.podAntiAffinity=null",
+         "--set", "updateStrategy.maxUnavailable=25%", "--set", "resourceQuota.enabled=true",
+         "--set", "securityContext.privileged=true", "--set", "securityContext.seLinuxType=spc_t",
+         "--set", "cni.pluginLogFile=/var/log/netclaim/plugin.log")
+
+
+def test_issue18_item7_chart_label_survives_build_metadata(tmp_root: Path) -> None:
+    """A chart version with build metadata ("+") must still render valid label values."""
+    import re
+    import shutil
+
+    chart = tmp_root / "netclaim"
+    shutil.copytree(CHART, chart)
+    meta = chart / "Chart.yaml"
+    meta.write_text(meta.read_text().replace("\nversion: 0.1.0\n", "\nversion: 0.1.0+build.7\n"))
+    docs = render(chart=chart)
+    label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    for doc in docs:
+        value = doc["metadata"]["labels"]["helm.sh/chart"]
+        assert value == "netclaim-0.1.0_build.7" and label_value.match(value), (doc["kind"], value)
+
+
+def test_issue18_item7_offline_template_needs_only_the_documented_kube_version() -> None:
+    """docs/install.md's offline command renders (helm's built-in default version is older than the chart's floor)."""
+    install_md = (REPO / "docs" / "install.md").read_text()
+    assert "--kube-version 1.34.0" in install_md
+    proc = helm("template", "netclaim", str(CHART), "--namespace", "netclaim-system", "--kube-version", "1.34.0")
+    assert "kind: DaemonSet" in proc.stdout
+    without = helm("template", "netclaim", str(CHART), "--namespace", "netclaim-system", check=False)
+    assert without.returncode != 0 and "kubeVersion" in without.stderr
+
+
+def test_issue18_item5_the_keeper_is_observable_not_ready_while_unchained() -> None:
+    """The keeper container reports per node: its node name (ChainContested Events on the Node),
+    /metrics beside the publisher's, and a readiness probe on its /readyz, so a node where
+    netclaim is out of the chain is a DaemonSet pod that is not ready."""
+    docs = render("metrics.keeperPort=9999", "metrics.podMonitor.enabled=true")
+    keeper = containers(docs)["chain-keeper"]
+    assert "--node-name=$(NETCLAIM_NODE_NAME)" in keeper["args"]
+    assert "--metrics-address=$(HOST_IP):9999" in keeper["args"]
+    assert {e["name"] for e in keeper["env"]} >= {"NETCLAIM_NODE_NAME", "HOST_IP"}
+    assert keeper["ports"] == [{"name": "keeper-metrics", "containerPort": 9999, "protocol": "TCP"}]
+    assert keeper["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "keeper-metrics"}
+    ports = {p["port"] for p in one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]}
+    assert ports == {"metrics", "keeper-metrics"}

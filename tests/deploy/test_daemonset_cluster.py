@@ -110,6 +110,9 @@ def helm_values(files: NodeFiles, cluster: RealCluster, tag: str, port: int) -> 
         "cni.confDir": str(files.conf), "cni.binDir": str(files.bin), "cni.pollInterval": "0.5",
         "hostPaths.run": str(files.run), "hostPaths.state": str(files.state), "metrics.port": str(port),
         "priorityClassName": "",
+        # Non-default values of the chart's parity set (issue 18 item 7), checked on the installed pod.
+        "commonLabels.netclaim-test": "cluster", "podLabels.tier": "node", "updateStrategy.maxUnavailable": "50%",
+        "serviceAccount.annotations.owner": "net",
         # No kube-proxy here: the API server as the node sees it.
         "apiServer.host": "127.0.0.1", "apiServer.port": cluster.values["NETCLAIM_APISERVER"].rsplit(":", 1)[1],
     }
@@ -152,7 +155,10 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
              kubeconfig=kubeconfig, timeout=400)
         wait_until(lambda: files.chained(files.conflist), "netclaim chained into the primary conflist")
         assert (files.bin / "netclaim").is_file()
-        first_uid = daemonset_pod(cluster)["metadata"]["uid"]
+        first_pod = daemonset_pod(cluster)
+        first_uid = first_pod["metadata"]["uid"]
+        assert first_pod["metadata"]["labels"]["tier"] == "node"
+        assert first_pod["metadata"]["labels"]["netclaim-test"] == "cluster"
         a = pod_gets_status(cluster, ns, "a")
 
         # Calico-style: the primary's installer rewrites its file in place, without netclaim.

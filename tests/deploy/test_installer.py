@@ -151,6 +151,21 @@ def test_uninstall_restores_the_original_bytes_and_removes_the_plugin(tmp_root: 
     assert conflist.read_bytes() == original
 
 
+def test_issue18_item6_uninstall_removes_the_plugin_log_and_its_rotation(tmp_root: Path) -> None:
+    conflist = write_base(tmp_root)
+    log = tmp_root / "log" / "netclaim" / "plugin.log"
+    log.parent.mkdir(parents=True)
+    log.write_text('{"event": "ADD"}\n')
+    Path(f"{log}.1").write_text('{"event": "older"}\n')
+    keep = log.parent / "someone-elses.log"
+    keep.write_text("not ours\n")
+
+    run_install("--cni-bin-dir", str(tmp_root / "bin"), "--conflist", str(conflist), "--uninstall",
+                "--log-file", str(log))
+
+    assert sorted(p.name for p in log.parent.iterdir()) == ["someone-elses.log"]
+
+
 def test_uninstall_keeps_changes_made_after_install(tmp_root: Path) -> None:
     conflist = write_base(tmp_root)
     run_install(*install_args(tmp_root, conflist))
@@ -181,15 +196,34 @@ def test_unparsable_conflist_is_refused_and_left_untouched(tmp_root: Path) -> No
     assert sorted(p.name for p in tmp_root.iterdir()) == ["10-broken.conflist"]
 
 
-def test_single_plugin_conf_is_refused(tmp_root: Path) -> None:
+SINGLE = '{\n  "cniVersion": "0.4.0",\n  "name": "x",\n  "type": "bridge",\n  "bridge": "cni0"\n}\n'
+
+
+def test_issue18_item4_single_plugin_conf_is_converted_and_uninstall_restores_it(tmp_root: Path) -> None:
+    """A single-plugin .conf primary becomes NAME.conflist the way libcni reads it (it used to be
+    refused while the install step exited 0 elsewhere); uninstall gives NAME.conf back byte for byte."""
     conf = tmp_root / "10-single.conf"
-    conf.write_text(json.dumps({"cniVersion": "1.0.0", "name": "x", "type": "bridge"}))
+    conf.write_text(SINGLE)
+    os.chmod(conf, 0o640)
     before = conf.read_bytes()
 
-    proc = run_install(*install_args(tmp_root, conf), check=False)
+    proc = run_install(*install_args(tmp_root, conf))
 
-    assert proc.returncode != 0 and "not a conflist" in proc.stderr
+    conflist = tmp_root / "10-single.conflist"
+    assert "converted" in proc.stderr, proc.stderr
+    doc = json.loads(conflist.read_text())
+    assert doc["name"] == "x" and doc["cniVersion"] == "0.4.0"
+    assert doc["plugins"][0] == json.loads(SINGLE) and doc["plugins"][1]["type"] == "netclaim"
+    assert stat.S_IMODE(conflist.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_root.iterdir() if p.is_file()) == ["10-single.conf.netclaim.bak",
+                                                                        "10-single.conflist"]
+    run_install(*install_args(tmp_root, conf))  # again: nothing changes
+    assert json.loads(conflist.read_text()) == doc
+
+    run_install("--cni-bin-dir", str(tmp_root / "bin"), "--conflist", str(conf), "--uninstall")
+
     assert conf.read_bytes() == before
+    assert sorted(p.name for p in tmp_root.iterdir() if p.is_file()) == ["10-single.conf"]
 
 
 def test_missing_required_arguments_are_errors(tmp_root: Path) -> None:

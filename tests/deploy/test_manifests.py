@@ -82,6 +82,22 @@ def test_daemonset_as_the_api_server_defaults_it(api_client) -> None:
     assert {"cni-bin", "cni-conf"} <= {m["name"] for m in keeper["volumeMounts"]}
 
 
+def test_issue18_item7_shipped_daemonset_has_no_cpu_limit_and_labels_are_valid() -> None:
+    """A node-critical agent is not CFS-throttled by default; requests stay; every label value is valid."""
+    import re
+
+    docs = [d for _, d in all_docs()]
+    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    for c in pod["containers"] + pod["initContainers"]:
+        assert "cpu" not in c["resources"].get("limits", {}), c["name"]
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"], c["name"]
+    label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    for doc in docs:
+        for key, value in (doc.get("metadata", {}).get("labels") or {}).items():
+            assert len(value) <= 63 and label_value.match(value), (doc["kind"], key, value)
+
+
 def test_rbac_driver_names_match_the_plugin_configuration() -> None:
     """The resourceNames the API server checks are the driverName the plugin reports."""
     docs = [d for _, d in all_docs()]

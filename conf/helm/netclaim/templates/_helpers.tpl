@@ -1,9 +1,19 @@
-{{/* Names: the release name when it already says netclaim, else <release>-netclaim. */}}
+{{/* The chart's name: nameOverride, else netclaim (the app.kubernetes.io/name label). */}}
+{{- define "netclaim.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 55 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Names: fullnameOverride; else the release name when it already says the chart's name, else <release>-<name>. */}}
 {{- define "netclaim.fullname" -}}
-{{- if contains "netclaim" .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 55 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "netclaim.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 55 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-netclaim" .Release.Name | trunc 55 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 55 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -24,13 +34,54 @@
 {{- end -}}
 
 {{- define "netclaim.selectorLabels" -}}
-app.kubernetes.io/name: netclaim
+app.kubernetes.io/name: {{ include "netclaim.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* A label value may not hold "+" (semver build metadata): "_" instead, as helm's own charts do. */}}
+{{- define "netclaim.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Every object's labels: the selector, version, chart, and commonLabels. */}}
 {{- define "netclaim.labels" -}}
 {{ include "netclaim.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+helm.sh/chart: {{ include "netclaim.chart" . }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A container's securityContext. Default: uid 0 with every capability dropped,
+no privilege escalation, read-only root. securityContext.privileged is for
+platforms whose policy gives hostPath writes only to privileged containers
+(OpenShift without a custom SCC, some SELinux-enforcing RHEL nodes); the API
+refuses privileged together with allowPrivilegeEscalation=false, so that one
+is left out then. securityContext.seLinuxType sets the SELinux type (spc_t
+lets a container write the host's CNI and state directories).
+*/}}
+{{- define "netclaim.securityContext" -}}
+{{- $sc := dict "runAsUser" 0 "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")) -}}
+{{- if .Values.securityContext.privileged -}}
+{{- $_ := set $sc "privileged" true -}}
+{{- else -}}
+{{- $_ := set $sc "allowPrivilegeEscalation" false -}}
+{{- end -}}
+{{- with .Values.securityContext.seLinuxType -}}
+{{- $_ := set $sc "seLinuxOptions" (dict "type" .) -}}
+{{- end -}}
+{{- toYaml $sc -}}
+{{- end -}}
+
+{{/*
+The plugin log's directory, which the chain keeper mounts and empties on
+uninstall; only a directory of netclaim's own (values.schema.json insists its
+name contains "netclaim"), never a shared one such as /var/log. Empty when no
+log file is set.
+*/}}
+{{- define "netclaim.pluginLogDir" -}}
+{{- with .Values.cni.pluginLogFile -}}{{- dir . -}}{{- end -}}
 {{- end -}}
