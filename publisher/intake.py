@@ -8,7 +8,8 @@ plugin gets an error, so it spools the event instead.
 Spool files are deleted only after their events are committed. A file that
 cannot be deleted then (read-only remount, EACCES/EPERM without capabilities)
 is remembered and skipped: reading it again would only bring duplicates,
-which the journal drops by event id anyway. A file that cannot be read is
+which the journal drops by event id anyway. Its deletion is tried again on
+every pass, so readiness comes back as soon as the spool is writable again. A file that cannot be read is
 retried later; neither stops ingestion of the other files, and both make
 readiness say `spool: ...` until the spool is healthy again.
 """
@@ -27,7 +28,7 @@ from .health import Health
 from .journal import Journal
 from .report import Reporter
 
-UNREADABLE_RETRY = 60.0  # seconds before a spool file that could not be read is tried again
+UNREADABLE_RETRY = 5.0  # seconds before a spool file that could not be read is tried again
 
 
 class Intake:
@@ -44,6 +45,7 @@ class Intake:
         self.last_ingest = 0.0  # node time the spool was last read to the end (order horizon)
         self.last_ingest_wall = 0.0  # the same, for people (status)
         self.stuck: set[str] = set()  # files whose events are journaled but that cannot be deleted or renamed
+        self.quarantine: set[str] = set()  # of those, unparseable ones: renamed .bad when possible, never deleted
         self.stuck_error = ""
         self.overflow_error = ""
         self.unreadable: dict[str, float] = {}  # files that could not be read -> node time of the next try
@@ -104,6 +106,8 @@ class Intake:
             return 0
         listed_set = set(listed)
         self.stuck &= listed_set  # removed by someone else: forget it
+        self.quarantine &= listed_set
+        self._retry_stuck()
         for path in [p for p in self.unreadable if p not in listed_set]:
             del self.unreadable[path]
         todo = [p for p in listed if p not in self.stuck and self.unreadable.get(p, 0.0) <= started]
@@ -159,10 +163,29 @@ class Intake:
                 pass
             except OSError as exc:
                 self.stuck.add(path)  # kept for a person to look at; not read again
+                self.quarantine.add(path)  # renamed .bad, not deleted, once the spool allows it
                 self.stuck_error = str(exc)
             return None
         self.unreadable.pop(path, None)
         return event
+
+    def _retry_stuck(self) -> None:
+        """Files that could not be deleted (or renamed .bad) are tried again on every pass: the
+        spool may be writable again (a read-only remount undone, a capability restored), and
+        readiness must come back with it, not wait for a person to clean up."""
+        for path in sorted(self.stuck):
+            try:
+                if path in self.quarantine:
+                    os.rename(path, path + ".bad")
+                else:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.stuck_error = str(exc)
+                continue
+            self.stuck.discard(path)
+            self.quarantine.discard(path)
 
     def _remove(self, path: str) -> None:
         try:

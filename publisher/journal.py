@@ -137,9 +137,20 @@ class Journal:
         return ""
 
     def probe(self) -> None:
-        """An empty write transaction: tells whether writing works again after a failure."""
-        with self._tx():
-            pass
+        """An empty write transaction that waits at most JOURNAL_PROBE_WAIT for SQLite's lock.
+
+        Run by housekeeping on every pass, so another process holding the journal's write
+        lock (a backup tool, `sqlite3` left in a transaction, a second publisher) shows in
+        health within seconds even when no event happens to need a write; an empty
+        transaction writes nothing to the WAL.
+        """
+        with self._lock:
+            self._db.execute(f"PRAGMA busy_timeout={int(limits.JOURNAL_PROBE_WAIT * 1000)}")
+            try:
+                with self._tx():
+                    pass
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout={int(limits.JOURNAL_BUSY_TIMEOUT * 1000)}")
 
     def _rebase_clock(self) -> None:
         """Times stored on another boot's CLOCK_BOOTTIME mean nothing now: make them "now".

@@ -216,6 +216,7 @@ def validate_entry(entry: dict[str, Any]) -> None:
 
 # ---- Journal, housekeeping and health bounds (publisher/journal.py, resync.py, health.py, metrics.py).
 JOURNAL_BUSY_TIMEOUT = 5.0  # seconds SQLite waits for another process's write lock before a statement fails
+JOURNAL_PROBE_WAIT = 1.0  # seconds housekeeping's health probe of the journal waits for that lock
 JOURNAL_LOCK_WAIT = 30.0  # seconds a thread waits for the publisher's own write slot before giving up
 JOURNAL_READ_WAIT = 2.0  # seconds a probe-side reader (status, /metrics) waits for the read connection
 JOURNAL_WEDGED = 60.0  # a journal write in flight or failing this long fails liveness (/healthz)

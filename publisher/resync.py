@@ -91,8 +91,16 @@ class Housekeeping:
             self._step("retries", self.retry_dirty)
             if node_seconds() >= self.next_resync:
                 self._step("resync", self.resync)
-            if self.journal.writes.failing_since:
-                self._step("journal", self.journal.probe)  # nothing else may write: tell when it works again
+            self._probe_journal()
+
+    def _probe_journal(self) -> None:
+        """Every pass, without backoff: a lock held by another process must show in health even
+        while nothing needs a write, and clear as soon as writing works again. The journal
+        records the outcome for health itself (Journal.writes)."""
+        try:
+            self.journal.probe()
+        except Exception:  # noqa: BLE001 - reported through the journal's write state
+            pass
 
     def _step(self, name: str, body: Callable[[], Any]) -> None:
         """Run one step unless it is backing off; a failure backs off this step only."""

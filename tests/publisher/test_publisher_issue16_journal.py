@@ -139,6 +139,41 @@ def test_issue16_item4_undeletable_spool_keeps_housekeeping_going(cluster, tmpfs
     assert len(events) < 100, events[-20:]
 
 
+def test_issue16_soak_a_stuck_spool_file_goes_and_readiness_returns_once_the_spool_is_writable(
+        cluster, tmpfs_spool, workdir):
+    """Found by the 60-minute soak: after a read-only spool was made writable again, the file
+    that could not be deleted stayed remembered as stuck, and /readyz stayed false for good."""
+    pub = tmpfs_spool
+    pub.extra += ["--spool-interval", "0.5"]
+    plugin = Plugin(pub.socket, pub.spool, workdir)
+    claim, pod = pod_ready(cluster, "ro-back")
+    add(plugin, "c-ro-back", pod)  # publisher down: spooled
+    subprocess.run(["mount", "-o", "remount,ro", pub.spool], check=True)
+    pub.start(wait=False)
+    published(cluster, claim)
+    wait_for(lambda: (lambda r: r if r[0] == 503 and r[1].startswith("spool: ") else None)(probe(pub, "/readyz")),
+             30, "readyz naming the spool")
+    subprocess.run(["mount", "-o", "remount,rw", pub.spool], check=True)
+    wait_for(lambda: probe(pub, "/readyz")[0] == 200, 30, "ready again once the spool is writable")
+    st = pub.status()
+    assert st["spool_stuck_files"] == 0 and list_spool(pub.spool) == [], st
+
+
+def test_issue16_soak_a_held_write_lock_shows_in_readiness_while_nothing_is_written(publisher_factory):
+    """Found by the 60-minute soak: with no event to write, another process holding the journal's
+    write lock went unseen (/readyz stayed true), though any ADD would have had to spool."""
+    pub = publisher_factory(extra=["--spool-interval", "1"])
+    assert probe(pub, "/readyz")[0] == 200
+    holder = hold_write_lock(str(Path(pub.state) / "journal.db"), 12)
+    try:
+        code, body = wait_for(lambda: (lambda r: r if r[0] == 503 else None)(probe(pub, "/readyz")), 10,
+                              "readyz naming the journal while the lock is held")
+        assert body.startswith("journal: ") and "locked" in body, body
+    finally:
+        holder.wait(30)
+    wait_for(lambda: probe(pub, "/readyz")[0] == 200, 15, "ready again after the lock is released")
+
+
 # ---------------------------------------------------------------- item 8
 
 SITECUSTOMIZE = """
