@@ -490,6 +490,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         drain = _drain(bench, drain_pods, args.sandboxes)
         _progress("idle CPU and resync cost")
         idle = _idle_and_resync(bench)
+        bench.stop()  # the idle run left a publisher resyncing every 3 s: its GETs must not count below
+        bench.start()
         _progress(f"ordinary pods: {args.ordinary} without a claim")
         ordinary = node_costs.ordinary_pods(bench, args.ordinary, _api)
         _progress(f"IO pressure: {args.contended} sandboxes at {args.contended_rate}/s vs a bare apply loop")
