@@ -9,9 +9,10 @@ Spool files are deleted only after their events are committed. A file that
 cannot be deleted then (read-only remount, EACCES/EPERM without capabilities)
 is remembered and skipped: reading it again would only bring duplicates,
 which the journal drops by event id anyway. Its deletion is tried again on
-every pass, so readiness comes back as soon as the spool is writable again. A file that cannot be read is
-retried later; neither stops ingestion of the other files, and both make
-readiness say `spool: ...` until the spool is healthy again.
+every pass, so readiness comes back as soon as the spool is writable again.
+A file that cannot be read is retried later; neither stops ingestion of the
+other files, and both make readiness say `spool: ...` until the spool is
+healthy again.
 """
 
 from __future__ import annotations

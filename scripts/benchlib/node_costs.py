@@ -19,11 +19,10 @@ import subprocess
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from .stats import percentile
+from .stats import paced, percentile
 
 # The IO pressure: each file this size is written in 1 MiB chunks, fsynced, removed.
 PRESSURE_FILE_MIB = 512
@@ -104,16 +103,7 @@ def bare_apply_latency(bench: Any, bodies: list[tuple[str, list[dict[str, Any]]]
         apply(*item)
         out.append((time.time() - t0) * 1000)
 
-    with ThreadPoolExecutor(8) as pool:
-        start = time.time()
-        futures = []
-        for i, item in enumerate(bodies):
-            delay = start + i / rate - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            futures.append(pool.submit(one, item))
-        for f in futures:
-            f.result()
+    paced(bodies, rate, one)
     return out
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import node_costs
-from .stats import percentile
+from .stats import paced, percentile
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -311,16 +311,7 @@ def _latency_run(bench: Bench, pods: list[tuple[str, str, str]], rate: float, wa
         cids[claim] = cid
         times[claim] = bench.plugin_add(cid, pod, uid, i)
 
-    with ThreadPoolExecutor(8) as pool:
-        start = time.time()
-        futures = []
-        for i in range(len(pods)):
-            delay = start + i / rate - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            futures.append(pool.submit(one, i))
-        for f in futures:
-            f.result()
+    paced(range(len(pods)), rate, one)
     seen = watcher.collect(cids, timeout=60)
     _wait_drained(bench)
     after = bench.metrics()
