@@ -1,7 +1,9 @@
 """Intake: events from the socket and the spool into the journal, and the spool's overflow report.
 
-An event is acknowledged only after its journal commit (publisher/journal.py),
-so once the plugin's ADD returned the event survives a crash. A journal that
+An event is acknowledged only after its journal commit is on disk
+(publisher/journal.py, publisher/walsync.py), so once the plugin's ADD
+returned the event survives a crash. The worker is woken as soon as the event
+is committed, so resolving and applying overlap the fsync. A journal that
 cannot be written is reported by the journal (health: `journal: ...`) and the
 plugin gets an error, so it spools the event instead.
 
@@ -69,10 +71,12 @@ class Intake:
             self.log.warning("event rejected: no pod identity", extra={
                 "op": event.op, **logs.attachment_fields(container_id=event.container_id, ifname=event.ifname)})
             return True, event.event_id
-        new = self.journal.append(event)
+        new = self.journal.append(event, wait=False)
+        if new:
+            self.notify(event)  # the worker resolves and applies while the commit is being synced
+        self.journal.flush()  # durable before the ack (a duplicate too: its first copy may not be yet)
         if new:
             self.metrics.events_acked.labels(event.op).inc()
-            self.notify(event)
         else:
             self.metrics.events_duplicate.inc()
         return True, event.event_id

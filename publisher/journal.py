@@ -1,8 +1,9 @@
 """The journal: SQLite (WAL) holding pending events and every attachment's desired state.
 
-An event is acknowledged to the plugin only after `append` committed it, so
-once the plugin's ADD has returned, the event survives a publisher crash or a
-node reboot. `attachments` is the desired state: what this node wants each
+An event is acknowledged to the plugin only after `append` committed it and
+`flush` made that commit durable (publisher/walsync.py: one fsync for all the
+commits waiting), so once the plugin's ADD has returned, the event survives a
+publisher crash or a node reboot. `attachments` is the desired state: what this node wants each
 claim's status to say. Applies are computed from it, resync re-applies it, and
 a restart re-applies it, so the API server converges to it whatever happened.
 """
@@ -23,6 +24,7 @@ from .clock import node_seconds, wall
 from .journal_schema import (MIGRATIONS, META_SCHEMA, SCHEMA, _ATT_COLUMNS, Attachment,  # noqa: F401
                              Pending, shard_key)
 from .order import BootOrder
+from .walsync import GroupSync
 from cni_plugin.wire import Event, WireError, _boot_id, legacy_order
 
 
@@ -70,8 +72,16 @@ class Journal:
         _create_private(self.path)  # SQLite gives -wal and -shm the database file's mode
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: the WAL is fsynced at every commit, which is what makes an ack durable.
-        self._db.execute("PRAGMA synchronous=FULL")
+        # NORMAL: a commit writes the WAL without fsync; `flush` makes it durable (group commit),
+        # so no lock is ever held across an fsync. Checkpoints (which fsync) run from
+        # housekeeping on their own connection, never inside a commit.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
+        self._db.execute(f"PRAGMA journal_size_limit={limits.JOURNAL_WAL_KEEP}")
+        self._sync = GroupSync(self.path + "-wal", self.path)
+        self._ckpt_lock = threading.Lock()
+        self._ckpt: sqlite3.Connection | None = None
+        self._sync_failing = False  # the last fsync failed: a commit alone does not clear the fault
         self._db.execute(f"PRAGMA busy_timeout={int(limits.JOURNAL_BUSY_TIMEOUT * 1000)}")
         self._db.executescript(SCHEMA + META_SCHEMA)
         for table, column, decl in MIGRATIONS:
@@ -93,15 +103,47 @@ class Journal:
                 pass
 
     def close(self) -> None:
+        with self._ckpt_lock:
+            if self._ckpt is not None:
+                self._ckpt.close()
         with self._lock:
             self._db.close()
         with self._rlock:
             self._rdb.close()
+        self._sync.close()
 
-    def _tx(self, durable: bool = False) -> "_Tx":
-        """durable=True fsyncs at commit (an ack depends on it); other commits can be
-        lost in a crash without harm, because replaying the events redoes them."""
-        return _Tx(self, durable)
+    def _tx(self) -> "_Tx":
+        """One write transaction; durable only after `flush` (an ack depends on it). Other
+        commits can be lost in a crash without harm: replaying the events redoes them."""
+        return _Tx(self)
+
+    def flush(self) -> None:
+        """Wait until every commit made so far is on disk (shared fsync); raise if it cannot be."""
+        try:
+            self._sync.wait(limits.JOURNAL_LOCK_WAIT)
+        except OSError as exc:
+            self._sync_failing = True  # commits still succeed, but nothing is durable: stay faulty
+            self._wrote(exc)
+            raise
+        if self._sync_failing:
+            self._sync_failing = False
+            self._wrote(None)
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database (PASSIVE: never blocks a writer), from housekeeping.
+
+        With auto-checkpoint off this is what bounds the WAL; SQLite fsyncs the WAL
+        before and the database after, on this connection, so no commit waits for it.
+        """
+        with self._ckpt_lock:
+            if self._ckpt is None:
+                self._ckpt = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                self._ckpt.execute("PRAGMA busy_timeout=0")
+            self._ckpt.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def durability(self) -> dict[str, int]:
+        """Commits and the fsyncs that made them durable (group commit at work)."""
+        return {"fsyncs": self._sync.fsyncs}
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         """One query on the read connection (fully fetched: no read transaction stays open)."""
@@ -116,7 +158,7 @@ class Journal:
         """Track write health; tell the owner on the transitions only (one log line each)."""
         w = self.writes
         if exc is None:
-            if w.failing_since:
+            if w.failing_since and not self._sync_failing:
                 w.failing_since, w.last_error = 0.0, ""
                 self.log.info("journal writable again")
                 self._on_recover()
@@ -132,6 +174,8 @@ class Journal:
         now, w = node_seconds(), self.writes
         if w.busy_since and now - w.busy_since > limits.JOURNAL_WEDGED:
             return f"journal: a write has been in flight for {now - w.busy_since:.0f}s"
+        if self._sync.syncing_since and now - self._sync.syncing_since > limits.JOURNAL_WEDGED:
+            return f"journal: an fsync has been in flight for {now - self._sync.syncing_since:.0f}s"
         if w.failing_since and now - w.failing_since > limits.JOURNAL_WEDGED:
             return f"journal: writes failing for {now - w.failing_since:.0f}s: {w.last_error}"
         return ""
@@ -142,7 +186,8 @@ class Journal:
         Run by housekeeping on every pass, so another process holding the journal's write
         lock (a backup tool, `sqlite3` left in a transaction, a second publisher) shows in
         health within seconds even when no event happens to need a write; an empty
-        transaction writes nothing to the WAL.
+        transaction writes nothing to the WAL. The flush after it keeps a failed fsync
+        (EIO) in health until an fsync succeeds again.
         """
         with self._lock:
             self._db.execute(f"PRAGMA busy_timeout={int(limits.JOURNAL_PROBE_WAIT * 1000)}")
@@ -151,6 +196,7 @@ class Journal:
                     pass
             finally:
                 self._db.execute(f"PRAGMA busy_timeout={int(limits.JOURNAL_BUSY_TIMEOUT * 1000)}")
+        self.flush()  # no fsync when every commit is already durable; retries one that failed
 
     def _rebase_clock(self) -> None:
         """Times stored on another boot's CLOCK_BOOTTIME mean nothing now: make them "now".
@@ -165,7 +211,7 @@ class Journal:
         if boot and rows and rows[0][0] == boot:
             return
         now = node_seconds()
-        with self._tx(durable=True) as db:
+        with self._tx() as db:
             db.execute("UPDATE events SET next_try=0, received=?,"
                        " finished=CASE WHEN finished IS NULL THEN NULL ELSE ? END", (now, now))
             db.execute("UPDATE dirty SET next_try=0")
@@ -173,17 +219,22 @@ class Journal:
             db.execute("UPDATE fences SET recorded=?", (now,))
             db.execute("UPDATE attachments SET updated=?", (now,))
             db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('boot_id', ?)", (boot,))
+        self.flush()
 
     # ------------------------------------------------------------ events
 
-    def append(self, event: Event) -> bool:
-        """Commit one event; False when its event_id was seen before (a duplicate)."""
-        return self.append_many([event])[0]
+    def append(self, event: Event, wait: bool = True) -> bool:
+        """Commit one event; False when its event_id was seen before (a duplicate).
 
-    def append_many(self, events: list[Event]) -> list[bool]:
+        wait=False returns once committed but not yet durable: the caller must
+        `flush` before it acks (intake wakes the worker in between).
+        """
+        return self.append_many([event], wait)[0]
+
+    def append_many(self, events: list[Event], wait: bool = True) -> list[bool]:
         now = node_seconds()
         added = []
-        with self._tx(durable=True) as db:
+        with self._tx() as db:
             for ev in events:
                 cur = db.execute(
                     "INSERT OR IGNORE INTO events(event_id, container_id, ifname, op, shard_key, received, body)"
@@ -194,6 +245,8 @@ class Journal:
                 added.append(cur.rowcount == 1)
                 if cur.rowcount == 1 and ev.op == "DEL":
                     self._supersede(db, ev, now)
+        if wait:
+            self.flush()
         return added
 
     def _supersede(self, db: sqlite3.Connection, dele: Event, now: float) -> None:
@@ -515,9 +568,8 @@ class _Tx:
     timeout, COMMIT failing), the slot is released and the connection is out of any
     transaction afterwards: one failure never wedges the journal."""
 
-    def __init__(self, journal: Journal, durable: bool) -> None:
+    def __init__(self, journal: Journal) -> None:
         self.journal = journal
-        self.durable = durable
 
     def __enter__(self) -> sqlite3.Connection:
         j = self.journal
@@ -527,7 +579,6 @@ class _Tx:
             raise exc
         try:
             j.writes.busy_since = node_seconds()
-            j._db.execute(f"PRAGMA synchronous={'FULL' if self.durable else 'NORMAL'}")
             j._db.execute("BEGIN IMMEDIATE")
         except BaseException as exc:
             self._end(exc)
@@ -546,6 +597,8 @@ class _Tx:
                     pass
             self._end(end_exc)
             raise
+        if not exc_type:
+            self.journal._sync.committed()
         self._end(exc if isinstance(exc, sqlite3.Error) else None)
 
     def _end(self, exc: BaseException | None) -> None:

@@ -219,6 +219,7 @@ JOURNAL_BUSY_TIMEOUT = 5.0  # seconds SQLite waits for another process's write l
 JOURNAL_PROBE_WAIT = 1.0  # seconds housekeeping's health probe of the journal waits for that lock
 JOURNAL_LOCK_WAIT = 30.0  # seconds a thread waits for the publisher's own write slot before giving up
 JOURNAL_READ_WAIT = 2.0  # seconds a probe-side reader (status, /metrics) waits for the read connection
+JOURNAL_WAL_KEEP = 4 << 20  # bytes of WAL kept after a checkpoint (SQLite truncates to this)
 JOURNAL_WEDGED = 60.0  # a journal write in flight or failing this long fails liveness (/healthz)
 LOOP_STALLED = 300.0  # a worker or housekeeping loop with no completed iteration this long fails liveness
 THREAD_RESTART_BUDGET = 5  # crashes of one thread within THREAD_RESTART_WINDOW before liveness fails

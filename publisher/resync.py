@@ -88,6 +88,7 @@ class Housekeeping:
             if self.stopping.is_set():
                 return
             self._step("spool", self.ingest)
+            self._step("checkpoint", self.journal.checkpoint)  # bounds the WAL; its fsyncs block no commit
             self._step("retries", self.retry_dirty)
             if node_seconds() >= self.next_resync:
                 self._step("resync", self.resync)
