@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from .publisher import BIN, CLASS, DRIVER, MERGE, Watcher, _free_port, _result
-from .stats import percentile
+from .stats import paced, percentile
 
 REPO = Path(__file__).resolve().parents[2]
 NETWORK = "scalenet"
@@ -414,16 +414,7 @@ class Scale:
             send(self.publishers[spec.node].socket, self.event(spec, op), 10.0)
             acked[spec.claim] = time.time()
 
-        with ThreadPoolExecutor(8) as pool:
-            start = time.time()
-            futures = []
-            for i, spec in enumerate(specs):
-                delay = start + i / self.args.rate - time.time()
-                if delay > 0:
-                    time.sleep(delay)
-                futures.append(pool.submit(one, spec))
-            for f in futures:
-                f.result()
+        paced(specs, self.args.rate, one)
         return acked
 
     def drained(self) -> bool:
