@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import limits
+from .clock import node_seconds
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 REQUEST_TIMEOUT = (5.0, 20.0)
@@ -215,7 +216,7 @@ class Credentials:
 class ApiHealth:
     """What /readyz and `status` need to know about the API connection."""
 
-    failing_since: float = 0.0  # first call without an answer (or with 5xx) since the last good one
+    failing_since: float = 0.0  # node time of the first call without an answer (or with 5xx) since the last good one
     last_error: str = ""
     unauthorized: int = 0  # consecutive 401s
     unauthorized_total: int = 0
@@ -253,7 +254,7 @@ class Kube:
         elif code:
             h.unauthorized = 0
         if code == 0 or code >= 500:
-            h.failing_since = h.failing_since or time.time()
+            h.failing_since = h.failing_since or node_seconds()  # a wall-clock step must not end or age an outage
             h.last_error = message
         elif code != 401:
             h.failing_since = 0.0

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from cni_plugin.wire import Event
 
 from . import limits, logs
-from .clock import node_seconds, wall
+from .clock import node_seconds
 from .events import EventRecorder
 from .health import Health
 from .intake import Intake
@@ -270,9 +270,9 @@ class Service:
         api = self.kube.health()
         if api.unauthorized >= limits.UNAUTHORIZED_NOT_READY:
             reasons.append(f"credentials: the API refuses them: {api.unauthorized} consecutive 401s")
-        # kube.py stamps failing_since with the wall clock; compare with the same clock.
-        if api.failing_since and wall() - api.failing_since > limits.API_DOWN_NOT_READY:
-            reasons.append(f"api: unreachable for {wall() - api.failing_since:.0f}s: {api.last_error}")
+        down = node_seconds() - api.failing_since if api.failing_since else 0.0
+        if down > limits.API_DOWN_NOT_READY:
+            reasons.append(f"api: unreachable for {down:.0f}s: {api.last_error}")
         return (not reasons), "; ".join(reasons)
 
     def live(self) -> tuple[bool, str]:

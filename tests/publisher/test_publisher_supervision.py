@@ -72,6 +72,20 @@ def test_defect5_crashed_thread_is_restarted_and_reported(service):
     release.set()
 
 
+def test_an_api_outage_is_aged_by_node_time_not_by_a_wall_clock_step(service, monkeypatch):
+    """A wall clock stepped forward (NTP after a reboot with the clock behind) must not turn a
+    seconds-old outage into one "past the threshold", nor a step back hide a long one."""
+    from publisher import limits
+
+    service.start()
+    wait(lambda: service.ready()[0])
+    service.kube._note(0, "connection refused")
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 10 * limits.API_DOWN_NOT_READY)
+    assert service.ready()[0], service.ready()[1]
+    service.kube._note(200)
+
+
 def test_readyz_says_not_ready_past_the_api_thresholds(service):
     """The thresholds of publisher/limits.py, from the API health the client records per answer."""
     from publisher import limits
