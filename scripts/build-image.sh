@@ -72,7 +72,7 @@ base_rootfs() {
         mmdebstrap --quiet --variant=essential --include="$BASE_PACKAGES" \
             --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
             --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
-            --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
+            --extract-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
             bookworm "$out.part.tar" >&2
         mv "$out.part.tar" "$out"
     fi
@@ -85,19 +85,21 @@ base_rootfs_arm64() {
     local amd64_base="$1" key out packages hooks=()
     packages="$(tar -xOf "$amd64_base" ./var/lib/dpkg/status | sed -n 's/^Package: //p' | sort | paste -sd, -)"
     [[ -n "$packages" ]] || die "no package list in $amd64_base"
-    key="$(printf '%s\n' bookworm arm64 extract "$packages" | sha256sum | cut -c1-16)"
+    key="$(printf '%s\n' bookworm arm64 extract no-recommends hooks "$packages" | sha256sum | cut -c1-16)"
     out="$CACHE/base-arm64-$key.tar"
     if [[ ! -f "$out" ]]; then
         log "making the arm64 base root file system (mmdebstrap extract, bookworm, the amd64 base's packages)"
         if [[ -d /usr/share/mmdebstrap/hooks/merged-usr ]]; then hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr); fi
+        # Only those packages and what they depend on (the essential variant installs no recommends either).
         mmdebstrap --quiet --architectures=arm64 --variant=extract --include="$packages" "${hooks[@]}" \
-            --customize-hook='cp "$1"/usr/share/base-passwd/passwd.master "$1"/etc/passwd' \
-            --customize-hook='cp "$1"/usr/share/base-passwd/group.master "$1"/etc/group' \
-            --customize-hook='rm -rf "$1"/usr/share/doc/* "$1"/usr/share/man/* "$1"/usr/share/locale/* "$1"/usr/share/info/*' \
-            --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
-            --customize-hook="cp $(command -v qemu-aarch64-static) \"\$1\"/qemu-aarch64-static" \
-            --customize-hook='chroot "$1" /qemu-aarch64-static /sbin/ldconfig' \
-            --customize-hook='rm -f "$1"/qemu-aarch64-static' \
+            --aptopt='APT::Install-Recommends "false"' \
+            --extract-hook='cp "$1"/usr/share/base-passwd/passwd.master "$1"/etc/passwd' \
+            --extract-hook='cp "$1"/usr/share/base-passwd/group.master "$1"/etc/group' \
+            --extract-hook='rm -rf "$1"/usr/share/doc/* "$1"/usr/share/man/* "$1"/usr/share/locale/* "$1"/usr/share/info/*' \
+            --extract-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
+            --extract-hook="cp $(command -v qemu-aarch64-static) \"\$1\"/qemu-aarch64-static" \
+            --extract-hook='chroot "$1" /qemu-aarch64-static /sbin/ldconfig' \
+            --extract-hook='rm -f "$1"/qemu-aarch64-static' \
             bookworm "$out.part.tar" >&2
         mv "$out.part.tar" "$out"
     fi

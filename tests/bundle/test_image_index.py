@@ -103,18 +103,25 @@ def test_the_layout_names_one_image_index_of_both_platforms(layout: Layout) -> N
 
 
 def test_every_blob_matches_its_digest_and_each_config_its_platform(layout: Layout) -> None:
-    seen = set()
+    [top] = json.loads(layout.file("index.json"))["manifests"]
+    referenced = {top["digest"]}
+    referenced |= {m["digest"] for m in json.loads(layout.blob(top))["manifests"]}
+    layers = set()
     for arch, manifest in platforms(layout).items():
-        assert manifest["mediaType"] == MANIFEST and manifest["config"]["mediaType"] == CONFIG
+        assert manifest["schemaVersion"] == 2 and manifest.get("mediaType", MANIFEST) == MANIFEST
+        assert manifest["config"]["mediaType"] == CONFIG
         config = json.loads(layout.blob(manifest["config"]))
         assert (config["os"], config["architecture"]) == ("linux", arch)
         assert config["config"]["Entrypoint"] == ["/opt/netclaim/venv/bin/netclaim-publisher"]
         assert len(config["rootfs"]["diff_ids"]) == len(manifest["layers"]) == 2
+        referenced.add(manifest["config"]["digest"])
         for layer in manifest["layers"]:
             layout.blob(layer)
-            seen.add(layer["digest"])
+            layers.add(layer["digest"])
+    assert len(layers) == 4, "the two platforms share a layer (the base or the app layer is not per platform)"
     # Nothing else in the layout: every blob is reachable from the index.
-    assert len(seen) == 4, "the two platforms share a layer (the base or the app layer is not per platform)"
+    blobs = {"sha256:" + name.rsplit("/", 1)[1] for name in layout.names if name.startswith("blobs/")}
+    assert blobs == referenced | layers
 
 
 def test_each_platform_carries_its_own_plugin_and_python(layout: Layout, bundle: Path, arm64_bundle: Path) -> None:
@@ -135,7 +142,9 @@ def test_the_arm64_image_runs_its_publisher_under_qemu(layout: Layout, qemu: Pat
             tar.extractall(root, filter="tar")
     assert not (root / QEMU).exists()
     shutil.copy2(qemu, root / QEMU)
-    proc = subprocess.run(["chroot", str(root), f"/{QEMU}", "/opt/netclaim/venv/bin/python",
+    chroot = shutil.which("chroot")
+    assert chroot is not None
+    proc = subprocess.run([chroot, str(root), f"/{QEMU}", "/opt/netclaim/venv/bin/python",
                            "/opt/netclaim/venv/bin/netclaim-publisher", "--version"],
                           capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
