@@ -85,12 +85,14 @@ base_rootfs_arm64() {
     local amd64_base="$1" key out packages hooks=()
     packages="$(tar -xOf "$amd64_base" ./var/lib/dpkg/status | sed -n 's/^Package: //p' | sort | paste -sd, -)"
     [[ -n "$packages" ]] || die "no package list in $amd64_base"
-    key="$(printf '%s\n' bookworm arm64 extract no-recommends hooks "$packages" | sha256sum | cut -c1-16)"
+    key="$(printf '%s\n' bookworm arm64 extract no-recommends hooks stdlib-pyc "$packages" | sha256sum | cut -c1-16)"
     out="$CACHE/base-arm64-$key.tar"
     if [[ ! -f "$out" ]]; then
         log "making the arm64 base root file system (mmdebstrap extract, bookworm, the amd64 base's packages)"
         if [[ -d /usr/share/mmdebstrap/hooks/merged-usr ]]; then hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr); fi
         # Only those packages and what they depend on (the essential variant installs no recommends either).
+        # The stdlib's bytecode, which Debian's postinst would write, is compiled by this host's python3.11
+        # (the same bytecode); a read-only root could not cache it at run time.
         mmdebstrap --quiet --architectures=arm64 --variant=extract --include="$packages" "${hooks[@]}" \
             --aptopt='APT::Install-Recommends "false"' \
             --extract-hook='cp "$1"/usr/share/base-passwd/passwd.master "$1"/etc/passwd' \
@@ -100,6 +102,7 @@ base_rootfs_arm64() {
             --extract-hook="cp $(command -v qemu-aarch64-static) \"\$1\"/qemu-aarch64-static" \
             --extract-hook='chroot "$1" /qemu-aarch64-static /sbin/ldconfig' \
             --extract-hook='rm -f "$1"/qemu-aarch64-static' \
+            --extract-hook="$PY -m compileall -qq -s \"\$1\" -p / \"\$1\"/usr/lib/python3.11 || true" \
             bookworm "$out.part.tar" >&2
         mv "$out.part.tar" "$out"
     fi
