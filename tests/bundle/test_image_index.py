@@ -8,7 +8,10 @@ platform its descriptor says. Then what a node would run: each platform's
 layers hold the plugin built for that machine (the bytes of
 scripts/build-plugin.sh [--arch arm64]) and a Python of that machine, and the
 arm64 image's publisher answers `--version` when its root file system is run
-under qemu-user (chroot, the emulator copied in; nothing of the host).
+under qemu-user (chroot, the emulator copied in; nothing of the host). And
+what a node does with the archive: a private containerd imports it (as
+`scripts/cluster.sh import-image` does) and lists one image index for both
+platforms, complete and unpacked for this host's.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import io
 import json
 import shutil
 import subprocess
+import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -149,3 +154,24 @@ def test_the_arm64_image_runs_its_publisher_under_qemu(layout: Layout, qemu: Pat
                           capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[:2] == ["netclaim-publisher", __version__]
+
+
+def test_containerd_imports_the_index_for_both_platforms(archive: Path) -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    from runtime.containerd import Containerd, ContainerdPaths
+
+    base = Path(tempfile.mkdtemp(prefix="ncimg-"))  # short: containerd's socket path must fit AF_UNIX
+    runtime = Containerd(ContainerdPaths(base), "netclaim-test/pause:none")
+    try:
+        runtime.start()
+        runtime.import_image(archive)
+        rows = [line.split() for line in runtime.ctr("images", "ls").stdout.splitlines()[1:]]
+        checks = [line.split() for line in runtime.ctr("images", "check").stdout.splitlines()[1:]]
+    finally:
+        runtime.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    name = f"docker.io/library/netclaim:{__version__}"
+    [row] = [r for r in rows if r[0] == name]
+    assert row[1] == INDEX and "linux/amd64,linux/arm64" in row, row
+    [check] = [c for c in checks if c[0] == name]
+    assert "complete" in check and check[-1] == "true", check  # every blob of this host's platform, unpacked
