@@ -73,7 +73,7 @@ base_rootfs() {
             --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
             --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
             --extract-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
-            bookworm "$out.part.tar" >&2
+            bookworm "$out.part.tar" >&2 || { rm -f "$out.part.tar"; die "mmdebstrap failed"; }
         mv "$out.part.tar" "$out"
     fi
     printf '%s' "$out"
@@ -103,7 +103,7 @@ base_rootfs_arm64() {
             --extract-hook='chroot "$1" /qemu-aarch64-static /sbin/ldconfig' \
             --extract-hook='rm -f "$1"/qemu-aarch64-static' \
             --extract-hook="$PY -m compileall -qq -s \"\$1\" -p / \"\$1\"/usr/lib/python3.11 || true" \
-            bookworm "$out.part.tar" >&2
+            bookworm "$out.part.tar" >&2 || { rm -f "$out.part.tar"; die "mmdebstrap failed"; }
         mv "$out.part.tar" "$out"
     fi
     printf '%s' "$out"
