@@ -72,7 +72,7 @@ base_rootfs() {
         mmdebstrap --quiet --variant=essential --include="$BASE_PACKAGES" \
             --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
             --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
-            --extract-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
+            --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
             bookworm "$out.part.tar" >&2 || { rm -f "$out.part.tar"; die "mmdebstrap failed"; }
         mv "$out.part.tar" "$out"
     fi
