@@ -104,3 +104,14 @@ def test_the_chain_keeper_refuses_the_arm64_plugin_on_this_x86_64_node(node: Pat
         "(the image's linux/amd64)")
     assert snapshot(node) == before
     assert not (node / "opt" / "cni" / "bin" / "netclaim").exists()
+
+
+def test_the_chain_keepers_check_names_a_node_that_is_neither(bundle: Path, arm64_bundle: Path) -> None:
+    from publisher.chainkeeper import plugin_platform_problem
+
+    assert plugin_platform_problem(bundle) is None  # this x86_64 node, its own build
+    assert plugin_platform_problem(arm64_bundle, machine="aarch64") is None
+    assert plugin_platform_problem(bundle, machine="riscv64") == (
+        "this node is riscv64; the netclaim plugin is built for x86_64 and aarch64 nodes only")
+    assert plugin_platform_problem(bundle, machine="aarch64") == (
+        f"{bundle} is built for x86_64, but this node is aarch64: install the aarch64 build (the image's linux/arm64)")
