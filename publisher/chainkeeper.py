@@ -149,6 +149,26 @@ class KeeperStatus:
         return out
 
 
+# The node machines (`uname -m`) the plugin is built for, and their ELF e_machine.
+PLUGIN_MACHINES = {"x86_64": 62, "aarch64": 183}
+
+
+def plugin_platform_problem(plugin: Path, machine: str | None = None) -> str | None:
+    """Why `plugin` cannot run on this node (one line), or None: a node that is neither
+    x86_64 nor aarch64, or an ELF executable built for the other one."""
+    machine = machine or os.uname().machine
+    if machine not in PLUGIN_MACHINES:
+        return f"this node is {machine}; the netclaim plugin is built for x86_64 and aarch64 nodes only"
+    with open(plugin, "rb") as fh:
+        header = fh.read(20)
+    built = int.from_bytes(header[18:20], "little") if header[:4] == b"\x7fELF" else None
+    if built is not None and built != PLUGIN_MACHINES[machine]:
+        names = {v: k for k, v in PLUGIN_MACHINES.items()}
+        return (f"{plugin} is built for {names.get(built, f'ELF machine {built}')}, but this node is {machine}: "
+                f"install the {machine} build (the image's linux/{'arm64' if machine == 'aarch64' else 'amd64'})")
+    return None
+
+
 def copy_atomic(src: Path, dst: Path, mode: int = 0o755) -> bool:
     """Install `src` as `dst` unless it is already identical; True when written."""
     data = src.read_bytes()
@@ -205,6 +225,9 @@ class ChainKeeper:
             current = None
         if current is not None and current == self._plugin_stat:
             return
+        problem = plugin_platform_problem(self.cfg.plugin_binary)
+        if problem is not None:
+            raise SystemExit(f"netclaim: {problem}")  # one clear line; nothing installed
         self.cfg.bin_dir.mkdir(parents=True, exist_ok=True)
         if copy_atomic(self.cfg.plugin_binary, target):
             self.log.info("plugin installed", extra={"path": str(target)})

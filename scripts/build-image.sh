@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the netclaim image without any container registry, from Debian packages only.
 #
-#   scripts/build-image.sh [--tag TAG]     build (or reuse) and print the OCI archive's path
+#   scripts/build-image.sh [--tag TAG]                build (or reuse) and print the OCI archive's path
+#   scripts/build-image.sh --multi-arch [--tag TAG]   the same as a multi-arch image: linux/amd64 and
+#                                                     linux/arm64 (or NETCLAIM_IMAGE_MULTIARCH=1)
 #
 # The image holds a minimal Debian root file system with Python 3.11 (made by
 # mmdebstrap from the Debian mirror apt already uses), the publisher's venv at
@@ -12,6 +14,18 @@
 # scripts/cluster.sh import-image) accept; the archive names the image
 # netclaim:TAG (TAG defaults to the project version, cni_plugin.__version__).
 # conf/container/Containerfile builds the same image with a registry-based builder.
+#
+# --multi-arch: the archive's one image is an OCI image index with two
+# manifests, linux/amd64 (the image above) and linux/arm64, built on this
+# x86_64 host without binfmt_misc: the arm64 base is Debian's arm64 packages of
+# the same list, unpacked by mmdebstrap's extract variant (no maintainer script
+# runs; /etc/passwd and /etc/group from base-passwd's master files, the loader
+# cache made by the arm64 ldconfig); the venv is made by the arm64 python3.11
+# run explicitly under qemu-aarch64-static in a chroot, from the same wheels
+# with aarch64 builds of the compiled ones; the plugin is the cross-built one
+# (scripts/build-plugin.sh --arch arm64). The arm64 venv must import and
+# `netclaim-publisher --version` must answer under the emulator before the
+# image is written. `ctr images import` picks the node's platform from the index.
 #
 # Everything is cached under ${XDG_CACHE_HOME:-~/.cache}/netclaim/image/: the
 # base root file system by its package list, the archive by the hash of its inputs.
@@ -24,6 +38,8 @@ PY=/usr/bin/python3.11
 BASE_PACKAGES="python3.11-minimal,libpython3.11-stdlib"
 APT_PACKAGES=(mmdebstrap umoci python3.11 python3-pip)
 TAG=""
+MULTIARCH="${NETCLAIM_IMAGE_MULTIARCH:-}"
+ARM64_APT_PACKAGES=(qemu-user-static)
 
 log() { printf '[build-image] %s\n' "$*" >&2; }
 die() { printf '[build-image] error: %s\n' "$*" >&2; exit 1; }
@@ -31,6 +47,7 @@ die() { printf '[build-image] error: %s\n' "$*" >&2; exit 1; }
 while (($#)); do
     case "$1" in
         --tag) TAG="${2:?--tag needs a value}"; shift 2 ;;
+        --multi-arch) MULTIARCH=1; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument: $1" ;;
     esac
@@ -40,7 +57,10 @@ TAG="${TAG:-$VERSION}"
 
 # shellcheck source=lib/apt.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
-ensure_packages() { ensure_debian_packages "${APT_PACKAGES[@]}"; }
+ensure_packages() {
+    ensure_debian_packages "${APT_PACKAGES[@]}"
+    if [[ -n "$MULTIARCH" ]]; then ensure_debian_packages "${ARM64_APT_PACKAGES[@]}"; fi
+}
 
 # The base: Essential packages plus Python 3.11, no docs, man pages or locales.
 base_rootfs() {
@@ -53,10 +73,59 @@ base_rootfs() {
             --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
             --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
             --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
-            bookworm "$out.part.tar" >&2
+            bookworm "$out.part.tar" >&2 || { rm -f "$out.part.tar"; die "mmdebstrap failed"; }
         mv "$out.part.tar" "$out"
     fi
     printf '%s' "$out"
+}
+
+# The arm64 base: the same Debian packages as the amd64 base (its dpkg status
+# lists them), arm64 builds, unpacked without running anything.
+base_rootfs_arm64() {
+    local amd64_base="$1" key out packages hooks=()
+    packages="$(tar -xOf "$amd64_base" ./var/lib/dpkg/status | sed -n 's/^Package: //p' | sort | paste -sd, -)"
+    [[ -n "$packages" ]] || die "no package list in $amd64_base"
+    key="$(printf '%s\n' bookworm arm64 extract no-recommends hooks stdlib-pyc "$packages" | sha256sum | cut -c1-16)"
+    out="$CACHE/base-arm64-$key.tar"
+    if [[ ! -f "$out" ]]; then
+        log "making the arm64 base root file system (mmdebstrap extract, bookworm, the amd64 base's packages)"
+        if [[ -d /usr/share/mmdebstrap/hooks/merged-usr ]]; then hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr); fi
+        # Only those packages and what they depend on (the essential variant installs no recommends either).
+        # The stdlib's bytecode, which Debian's postinst would write, is compiled by this host's python3.11
+        # (the same bytecode); a read-only root could not cache it at run time.
+        mmdebstrap --quiet --architectures=arm64 --variant=extract --include="$packages" "${hooks[@]}" \
+            --aptopt='APT::Install-Recommends "false"' \
+            --extract-hook='cp "$1"/usr/share/base-passwd/passwd.master "$1"/etc/passwd' \
+            --extract-hook='cp "$1"/usr/share/base-passwd/group.master "$1"/etc/group' \
+            --extract-hook='rm -rf "$1"/usr/share/doc/* "$1"/usr/share/man/* "$1"/usr/share/locale/* "$1"/usr/share/info/*' \
+            --extract-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
+            --extract-hook="cp $(command -v qemu-aarch64-static) \"\$1\"/qemu-aarch64-static" \
+            --extract-hook='chroot "$1" /qemu-aarch64-static /sbin/ldconfig' \
+            --extract-hook='rm -f "$1"/qemu-aarch64-static' \
+            --extract-hook="$PY -m compileall -qq -s \"\$1\" -p / \"\$1\"/usr/lib/python3.11 || true" \
+            bookworm "$out.part.tar" >&2 || { rm -f "$out.part.tar"; die "mmdebstrap failed"; }
+        mv "$out.part.tar" "$out"
+    fi
+    printf '%s' "$out"
+}
+
+# The wheels for arm64: the pure ones as they are, the compiled ones again as
+# aarch64 builds of the same versions (pip download, binary only).
+wheels_arm64() {
+    local from="$1" dir="$2" w reqs=()
+    mkdir -p "$dir"
+    for w in "$from"/*.whl; do
+        case "$w" in
+            *-none-any.whl) cp "$w" "$dir/" ;;
+            *) reqs+=("$(basename "$w" | sed -E 's/^([^-]+)-([^-]+)-.*/\1==\2/')") ;;
+        esac
+    done
+    ((${#reqs[@]})) || return 0
+    "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_36_aarch64 \
+        --platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 \
+        --dest "$dir" "${reqs[@]}" >&2
+    if ls "$dir"/*x86_64*.whl >/dev/null 2>&1; then die "an x86_64 wheel among the arm64 ones"; fi
 }
 
 # Wheels of netclaim and its dependencies (from the package registry, pip-cached).
@@ -68,39 +137,85 @@ wheels() {
 
 # The venv, made by the image's own Python inside the root file system, so
 # every path and #! line in it is the image's.
+# For arm64 (third argument) every command in the root file system runs under
+# the emulator, copied in for the time of the build and removed again.
 app_layer() {
-    local rootfs="$1" wheeldir="$2" pip
+    local rootfs="$1" wheeldir="$2" arch="${3:-amd64}" pip plugin="$PLUGIN" run=()
+    if [[ "$arch" == arm64 ]]; then
+        cp "$(command -v qemu-aarch64-static)" "$rootfs/qemu-aarch64-static"
+        run=(/qemu-aarch64-static)
+        plugin="$PLUGIN_ARM64"
+    fi
     mkdir -p "$rootfs/opt/netclaim/bin" "$rootfs/tmp/wheels"
     cp "$wheeldir"/*.whl "$rootfs/tmp/wheels/"
     pip="$(basename "$(ls "$rootfs"/tmp/wheels/pip-*.whl)")"
-    chroot "$rootfs" "$PY" -m venv --without-pip /opt/netclaim/venv
-    chroot "$rootfs" /opt/netclaim/venv/bin/python "/tmp/wheels/$pip/pip" install --quiet --no-index \
+    chroot "$rootfs" "${run[@]}" "$PY" -m venv --without-pip /opt/netclaim/venv
+    chroot "$rootfs" "${run[@]}" /opt/netclaim/venv/bin/python "/tmp/wheels/$pip/pip" install --quiet --no-index \
         --disable-pip-version-check --no-warn-script-location --find-links /tmp/wheels netclaim >&2
     rm -rf "$rootfs/tmp/wheels"
     # The asyncio twin of the Kubernetes client (kubernetes/aio: ~68 MB with its
     # bytecode) is never imported by the publisher; the check below proves it.
     rm -rf "$rootfs"/opt/netclaim/venv/lib/python3.*/site-packages/kubernetes/aio
-    chroot "$rootfs" /opt/netclaim/venv/bin/python -c \
+    chroot "$rootfs" "${run[@]}" /opt/netclaim/venv/bin/python -c \
         'import publisher.cli, publisher.kube, publisher.chainkeeper, kubernetes.client, kubernetes.config' \
-        || die "the venv does not import"
-    install -m 0755 "$PLUGIN" "$rootfs/opt/netclaim/bin/netclaim"
+        || die "the $arch venv does not import"
+    chroot "$rootfs" "${run[@]}" /opt/netclaim/venv/bin/python /opt/netclaim/venv/bin/netclaim-publisher --version >&2 \
+        || die "the $arch netclaim-publisher does not run"
+    install -m 0755 "$plugin" "$rootfs/opt/netclaim/bin/netclaim"
+    rm -f "$rootfs/qemu-aarch64-static"
     # Nothing of the source tree: the venv holds the installed package only.
     [[ ! -e "$rootfs/src" ]] || die "a source tree in the image"
+}
+
+# One image (manifest + config) into the layout under REF: the base layer, then
+# the venv and the plugin.
+image_into() {
+    local layout="$1" ref="$2" base="$3" wheeldir="$4" arch="$5" dir
+    dir="$WORK/bundle-$arch"
+    umoci new --image "$layout:$ref"
+    umoci config --image "$layout:$ref" --os linux --architecture "$arch"
+    # Layer 1: the Debian base.
+    umoci unpack --image "$layout:$ref" "$dir" >/dev/null
+    tar -xf "$base" -C "$dir/rootfs"
+    umoci repack --image "$layout:$ref" "$dir"
+    rm -rf "$dir"
+    # Layer 2: the venv and the plugin.
+    umoci unpack --image "$layout:$ref" "$dir" >/dev/null
+    app_layer "$dir/rootfs" "$wheeldir" "$arch"
+    umoci repack --image "$layout:$ref" "$dir"
+    rm -rf "$dir"
+    umoci config --image "$layout:$ref" --author netclaim \
+        --config.entrypoint /opt/netclaim/venv/bin/netclaim-publisher --config.cmd run \
+        --config.env PATH=/opt/netclaim/venv/bin:/usr/local/bin:/usr/bin:/bin \
+        --config.label "org.opencontainers.image.version=$VERSION" \
+        --config.label "org.opencontainers.image.title=netclaim"
 }
 
 main() {
     ensure_packages
     mkdir -p "$CACHE"
     PLUGIN="$("$HERE/build-plugin.sh")"
-    local base work key archive layout
+    PLUGIN_ARM64=""
+    local base base64="" work key archive layout
     base="$(base_rootfs)"
     WORK="$(mktemp -d "$CACHE/work.XXXXXX")"
     trap 'rm -rf "$WORK"' EXIT
     work="$WORK"
     wheels "$work/wheels"
+    if [[ -n "$MULTIARCH" ]]; then
+        PLUGIN_ARM64="$("$HERE/build-plugin.sh" --arch arm64)"
+        base64="$(base_rootfs_arm64 "$base")"
+        wheels_arm64 "$work/wheels" "$work/wheels-arm64"
+    fi
     # The key: base, plugin, dependency wheels, and netclaim's own sources (its
-    # freshly built wheel differs on every build by its timestamps).
+    # freshly built wheel differs on every build by its timestamps); for the
+    # multi-arch image also the arm64 base, plugin and wheels.
     key="$( (sha256sum "$base" "$PLUGIN" "$0" "$work"/wheels/*.whl | grep -v '/netclaim-[^/]*\.whl$' | cut -d' ' -f1
+             if [[ -n "$MULTIARCH" ]]; then
+                 echo multi-arch
+                 sha256sum "$base64" "$PLUGIN_ARM64" "$work"/wheels-arm64/*.whl | grep -v '/netclaim-[^/]*\.whl$' \
+                     | cut -d' ' -f1
+             fi
              cd "$ROOT" && find setup.cfg pyproject.toml cni_plugin publisher \( -name '*.py' -o -name '*.cfg' \
                  -o -name '*.toml' \) -print0 | sort -z | xargs -0 sha256sum
              echo "$TAG") | sha256sum | cut -c1-16)"
@@ -112,35 +227,45 @@ main() {
     fi
     layout="$work/layout"
     umoci init --layout "$layout"
-    umoci new --image "$layout:$TAG"
-    # Layer 1: the Debian base.
-    umoci unpack --image "$layout:$TAG" "$work/bundle" >/dev/null
-    tar -xf "$base" -C "$work/bundle/rootfs"
-    umoci repack --image "$layout:$TAG" "$work/bundle"
-    # Layer 2: the venv and the plugin.
-    umoci unpack --image "$layout:$TAG" "$work/bundle2" >/dev/null
-    app_layer "$work/bundle2/rootfs" "$work/wheels"
-    umoci repack --image "$layout:$TAG" "$work/bundle2"
-    umoci config --image "$layout:$TAG" --author netclaim \
-        --config.entrypoint /opt/netclaim/venv/bin/netclaim-publisher --config.cmd run \
-        --config.env PATH=/opt/netclaim/venv/bin:/usr/local/bin:/usr/bin:/bin \
-        --config.label "org.opencontainers.image.version=$VERSION" \
-        --config.label "org.opencontainers.image.title=netclaim"
+    if [[ -z "$MULTIARCH" ]]; then
+        image_into "$layout" "$TAG" "$base" "$work/wheels" amd64
+    else
+        image_into "$layout" "$TAG-amd64" "$base" "$work/wheels" amd64
+        image_into "$layout" "$TAG-arm64" "$base64" "$work/wheels-arm64" arm64
+    fi
     umoci gc --layout "$layout"
-    # The names `ctr images import` uses for an OCI archive.
-    "$PY" - "$layout/index.json" "$TAG" <<'PYEOF'
-import json, sys
-path, tag = sys.argv[1], sys.argv[2]
+    # The names `ctr images import` uses for an OCI archive; for the multi-arch
+    # image, TAG names an image index of the two manifests (written as a blob),
+    # and the per-arch names are dropped.
+    "$PY" - "$layout" "$TAG" "${MULTIARCH:+amd64,arm64}" <<'PYEOF'
+import hashlib, json, os, sys
+layout, tag, arches = sys.argv[1], sys.argv[2], [a for a in sys.argv[3].split(",") if a]
+path = os.path.join(layout, "index.json")
 index = json.load(open(path))
+REF = "org.opencontainers.image.ref.name"
+if arches:
+    by_ref = {m.get("annotations", {}).get(REF): m for m in index["manifests"]}
+    entries = []
+    for arch in arches:
+        m = by_ref[f"{tag}-{arch}"]
+        entries.append({"mediaType": m["mediaType"], "digest": m["digest"], "size": m["size"],
+                        "platform": {"architecture": arch, "os": "linux"}})
+    blob = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                       "manifests": entries}, separators=(",", ":")).encode()
+    digest = hashlib.sha256(blob).hexdigest()
+    with open(os.path.join(layout, "blobs", "sha256", digest), "wb") as fh:
+        fh.write(blob)
+    index["manifests"] = [{"mediaType": "application/vnd.oci.image.index.v1+json", "digest": f"sha256:{digest}",
+                           "size": len(blob), "annotations": {REF: tag}}]
 for m in index["manifests"]:
     ann = m.setdefault("annotations", {})
-    if ann.get("org.opencontainers.image.ref.name") == tag:
+    if ann.get(REF) == tag:
         ann["io.containerd.image.name"] = f"docker.io/library/netclaim:{tag}"
 json.dump(index, open(path, "w"))
 PYEOF
     tar -C "$layout" -cf "$archive.tmp" .
     mv "$archive.tmp" "$archive"
-    log "image netclaim:$TAG: $(du -b "$archive" | cut -f1) bytes as an archive"
+    log "image netclaim:$TAG${MULTIARCH:+ (linux/amd64, linux/arm64)}: $(du -b "$archive" | cut -f1) bytes as an archive"
     printf '%s\n' "$archive"
 }
 

@@ -3,6 +3,8 @@
 #
 #   scripts/build-plugin.sh               build (or reuse) and print the cached executable's path
 #   scripts/build-plugin.sh --out FILE    also copy it to FILE (atomic, mode 0755)
+#   scripts/build-plugin.sh --arch arm64  cross-build the aarch64 executable instead
+#                                         (default x86_64; or NETCLAIM_PLUGIN_ARCH=arm64)
 #
 # What it is: a small C program (scripts/bundle/netclaim.c) linked with
 # `gcc -static` against Debian's static libpython3.11 and glibc's libc.a, with
@@ -15,6 +17,17 @@
 # The result is cached under ${XDG_CACHE_HOME:-~/.cache}/netclaim/plugin/<key>/netclaim,
 # where <key> hashes cni_plugin/*.py, scripts/bundle/*, this script and the
 # libpython version, so changing the plugin's sources rebuilds it.
+#
+# arm64 (aarch64) is cross-built on an x86_64 Debian 12 host: the same frozen
+# bytecode (architecture independent, made by the host's python3.11), the C
+# parts compiled by Debian's aarch64-linux-gnu-gcc against libc6-dev-arm64-cross
+# and against the static libpython3.11 of Debian's libpython3.11-dev:arm64. That
+# package is fetched with apt (private lists, APT::Architecture=arm64) and
+# unpacked with dpkg-deb -x into a sysroot under the cache, not installed: a
+# multiarch install would force the host's own python3.11 packages to the same
+# Debian revision. The built executable answers VERSION under qemu-aarch64-static
+# before it is accepted. Cached under .../netclaim/plugin-arm64/<key>/netclaim,
+# <key> also hashing the arm64 package's full version.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,7 +37,9 @@ PY=/usr/bin/python3.11
 LIBPY=/usr/lib/x86_64-linux-gnu/libpython3.11.a
 INCLUDE=/usr/include/python3.11
 APT_PACKAGES=(gcc libc6-dev libpython3.11-dev python3.11 binutils xz-utils)
+ARM64_APT_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
 OUT=""
+ARCH="${NETCLAIM_PLUGIN_ARCH:-x86_64}"
 
 log() { printf '[build-plugin] %s\n' "$*" >&2; }
 die() { printf '[build-plugin] error: %s\n' "$*" >&2; exit 1; }
@@ -32,19 +47,97 @@ die() { printf '[build-plugin] error: %s\n' "$*" >&2; exit 1; }
 while (($#)); do
     case "$1" in
         --out) OUT="${2:?--out needs a value}"; shift 2 ;;
+        --arch) ARCH="${2:?--arch needs a value}"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument: $1" ;;
     esac
 done
 
+case "$ARCH" in
+    x86_64|amd64) ARCH=x86_64 ;;
+    arm64|aarch64) ARCH=arm64 ;;
+    *) die "--arch must be x86_64 (amd64) or arm64 (aarch64), not $ARCH" ;;
+esac
+[[ "$(uname -m)" == x86_64 ]] || die "the build host must be x86_64 (Debian 12); this is $(uname -m)"
+
+# What differs between the two targets: compiler, static libpython, headers,
+# how the result is run once, the ELF machine it must be, and the cache dir.
+CC=gcc
+EXTRA_INCLUDES=()
+RUN=()
+ELF_MACHINE="Advanced Micro Devices X86-64"
+PLUGIN_CACHE="$CACHE/plugin"
+SYSROOT=""
+
 # shellcheck source=lib/apt.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
-ensure_packages() { ensure_debian_packages "${APT_PACKAGES[@]}"; }
+ensure_packages() {
+    if [[ "$ARCH" == arm64 ]]; then
+        ensure_debian_packages "${APT_PACKAGES[@]}" "${ARM64_APT_PACKAGES[@]}"
+    else
+        ensure_debian_packages "${APT_PACKAGES[@]}"
+    fi
+}
+
+# A private apt state (lists, cache, sources copied from the system's) so the
+# system's apt configuration and dpkg database are left alone. Extra options follow.
+private_apt() {
+    local dir="$1"; shift
+    mkdir -p "$dir/parts" "$dir/lists/partial" "$dir/cache/archives/partial"
+    PRIVATE_APT=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$dir/parts"
+                 -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache" -o "APT::Sandbox::User=root" "$@")
+}
+
+# Debian's libpython3.11-dev for arm64, unpacked (not installed) into a sysroot;
+# prints the sysroot. One per Debian version of the package, kept in the cache.
+arm64_sysroot() {
+    local apt_dir="$CACHE/arm64-apt" version deb root
+    private_apt "$apt_dir" -o "APT::Architecture=arm64" -o "APT::Architectures=arm64"
+    local conf
+    for conf in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list /etc/apt/sources.list; do
+        if [[ -f "$conf" ]]; then cp "$conf" "$apt_dir/parts/"; fi
+    done
+    # Refreshed once a day (a warm build needs no network). A third-party source
+    # without arm64 indexes only warns; the package must come from Debian's.
+    if [[ -z "$(find "$apt_dir/lists" -maxdepth 1 -name '*_Packages*' -mmin -1440 2>/dev/null)" ]]; then
+        apt-get -q "${PRIVATE_APT[@]}" update >"$apt_dir/apt.log" 2>&1 \
+            || log "apt-get update (arm64) reported errors; see $apt_dir/apt.log"
+    fi
+    version="$(apt-cache "${PRIVATE_APT[@]}" show --no-all-versions libpython3.11-dev 2>/dev/null \
+               | sed -n 's/^Version: //p' | head -1)"
+    [[ -n "$version" ]] || { cat "$apt_dir/apt.log" >&2; die "no libpython3.11-dev for arm64 in the Debian archive"; }
+    root="$CACHE/sysroot-arm64/$version"
+    if [[ ! -f "$root/.complete" ]]; then
+        log "fetching Debian's libpython3.11-dev:arm64 $version (unpacked into a sysroot, not installed)"
+        rm -rf "$apt_dir/download" "$root"
+        mkdir -p "$apt_dir/download" "$root"
+        (cd "$apt_dir/download" && apt-get -q "${PRIVATE_APT[@]}" download "libpython3.11-dev=$version" >>"$apt_dir/apt.log" 2>&1) \
+            || { cat "$apt_dir/apt.log" >&2; die "apt-get download libpython3.11-dev:arm64 failed"; }
+        deb="$(ls "$apt_dir/download"/libpython3.11-dev_*_arm64.deb)"
+        dpkg-deb -x "$deb" "$root"
+        rm -f "$deb"
+        [[ -f "$root/usr/lib/aarch64-linux-gnu/libpython3.11.a" ]] || die "no libpython3.11.a in $deb"
+        printf '%s\n' "$version" >"$root/.complete"
+    fi
+    printf '%s' "$root"
+}
+
+configure_arch() {
+    [[ "$ARCH" == arm64 ]] || return 0
+    SYSROOT="$(arm64_sysroot)"
+    CC=aarch64-linux-gnu-gcc
+    LIBPY="$SYSROOT/usr/lib/aarch64-linux-gnu/libpython3.11.a"
+    INCLUDE="$SYSROOT/usr/include/python3.11"
+    EXTRA_INCLUDES=(-I"$SYSROOT/usr/include" -ffile-prefix-map="$SYSROOT"=)  # <aarch64-linux-gnu/python3.11/pyconfig.h>
+    RUN=(qemu-aarch64-static)
+    ELF_MACHINE="AArch64"
+    PLUGIN_CACHE="$CACHE/plugin-arm64"
+}
 
 # The upstream version of the static library, e.g. 3.11.2 (Debian: 3.11.2-6+deb12u6).
 libpython_version() {
     local v
-    v="$(dpkg-query -W -f='${Version}' libpython3.11-dev)"
+    if [[ "$ARCH" == arm64 ]]; then v="$(cat "$SYSROOT/.complete")"; else v="$(dpkg-query -W -f='${Version}' libpython3.11-dev)"; fi
     v="${v#*:}"
     printf '%s' "${v%%-*}"
 }
@@ -84,6 +177,8 @@ json_source() {
 cache_key() {
     {
         libpython_version
+        if [[ "$ARCH" == arm64 ]]; then printf 'arm64 %s %s\n' "$(cat "$SYSROOT/.complete")" \
+            "$(dpkg-query -W -f='${Version}' gcc-aarch64-linux-gnu libc6-dev-arm64-cross)"; fi
         (cd "$ROOT" && sha256sum cni_plugin/*.py scripts/bundle/* scripts/build-plugin.sh)
     } | sha256sum | cut -c1-16
 }
@@ -93,51 +188,56 @@ check_static() {
     local exe="$1"
     if LC_ALL=C readelf -lW "$exe" | grep -q 'INTERP'; then die "$exe has a program interpreter"; fi
     if LC_ALL=C readelf -dW "$exe" 2>/dev/null | grep -q 'NEEDED'; then die "$exe needs shared libraries"; fi
+    local machine
+    machine="$(LC_ALL=C readelf -hW "$exe" | sed -n 's/^ *Machine: *//p')"
+    [[ "$machine" == "$ELF_MACHINE" ]] || die "$exe is for $machine, not $ELF_MACHINE"
 }
 
 build() {
-    local work="$1" json_c="$2" cflags=(-O2 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" -I"$work")
+    local work="$1" json_c="$2" cflags=(-O2 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" "${EXTRA_INCLUDES[@]}" -I"$work")
     "$PY" -I -S "$HERE/bundle/freeze.py" --src "$ROOT" --inittab "$HERE/bundle/inittab.c" --out "$work"
-    gcc "${cflags[@]}" -c "$HERE/bundle/netclaim.c" -o "$work/netclaim.o"
-    gcc "${cflags[@]}" -c "$HERE/bundle/netclaim_sys.c" -o "$work/netclaim_sys.o"
-    gcc "${cflags[@]}" -c "$HERE/bundle/inittab.c" -o "$work/inittab.o"
-    gcc -O1 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" -I"$work" -c "$work/frozen.c" -o "$work/frozen.o"
-    gcc "${cflags[@]}" -ffile-prefix-map="$(dirname "$json_c")"=Modules -I"$INCLUDE/internal" -DPy_BUILD_CORE_BUILTIN \
+    "$CC" "${cflags[@]}" -c "$HERE/bundle/netclaim.c" -o "$work/netclaim.o"
+    "$CC" "${cflags[@]}" -c "$HERE/bundle/netclaim_sys.c" -o "$work/netclaim_sys.o"
+    "$CC" "${cflags[@]}" -c "$HERE/bundle/inittab.c" -o "$work/inittab.o"
+    "$CC" -O1 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" "${EXTRA_INCLUDES[@]}" -I"$work" -c "$work/frozen.c" -o "$work/frozen.o"
+    "$CC" "${cflags[@]}" -ffile-prefix-map="$(dirname "$json_c")"=Modules -I"$INCLUDE/internal" -DPy_BUILD_CORE_BUILTIN \
         -c "$json_c" -o "$work/_json.o"
     # glibc warns that getaddrinfo/getpwnam & co. need its NSS modules at run
     # time in a static binary; the plugin never resolves names or users (it
     # speaks AF_UNIX and AF_NETLINK only), and pwd/grp are not even built in.
-    gcc -static -s -o "$work/netclaim" "$work"/{netclaim,netclaim_sys,inittab,frozen,_json}.o "$LIBPY" \
+    "$CC" -static -s -o "$work/netclaim" "$work"/{netclaim,netclaim_sys,inittab,frozen,_json}.o "$LIBPY" \
         -lm -lpthread -ldl -lutil 2>"$work/link.log" || { cat "$work/link.log" >&2; die "link failed"; }
     check_static "$work/netclaim"
     local answer
-    answer="$(echo '{}' | env -i CNI_COMMAND=VERSION "$work/netclaim")" || die "the built plugin failed VERSION"
+    answer="$(echo '{}' | env -i CNI_COMMAND=VERSION "${RUN[@]}" "$work/netclaim")" || die "the built plugin failed VERSION"
     [[ "$answer" == *supportedVersions* ]] || die "unexpected VERSION answer: $answer"
 }
 
 # Keep the newest few builds: every edit of the plugin's sources makes a new one.
 prune() {
     local keep="$1" old
-    for old in $(ls -1td "$CACHE"/plugin/*/ 2>/dev/null | tail -n +5); do
+    for old in $(ls -1td "$PLUGIN_CACHE"/*/ 2>/dev/null | tail -n +5); do
         [[ "$(basename "$old")" == "$keep" ]] || rm -rf "$old"
     done
 }
 
 main() {
-    ensure_packages
-    [[ -f "$LIBPY" ]] || die "$LIBPY missing (libpython3.11-dev)"
     local key dest lock
-    key="$(cache_key)"
-    dest="$CACHE/plugin/$key/netclaim"
+    ensure_packages
     mkdir -p "$CACHE/plugin"
     lock="$CACHE/plugin/.lock"
     exec 9>"$lock"
     flock 9
+    configure_arch
+    mkdir -p "$PLUGIN_CACHE"
+    [[ -f "$LIBPY" ]] || die "$LIBPY missing (libpython3.11-dev)"
+    key="$(cache_key)"
+    dest="$PLUGIN_CACHE/$key/netclaim"
     if [[ ! -x "$dest" ]]; then
         local json_c work
         json_c="$(json_source "$(libpython_version)")"
-        work="$(mktemp -d "$CACHE/plugin/.build.XXXXXX")"
-        log "building the static plugin ($key)"
+        work="$(mktemp -d "$PLUGIN_CACHE/.build.XXXXXX")"
+        log "building the static plugin for $ARCH ($key)"
         build "$work" "$json_c"
         mkdir -p "$(dirname "$dest")"
         install -m 0755 "$work/netclaim" "$dest.tmp"

@@ -26,6 +26,12 @@
 #   --uninstall            remove the netclaim entry (restoring the original file) and the plugin
 #   --print                print what would be installed and the entry without touching anything
 #
+# Platforms: x86_64 and aarch64 (arm64) nodes, each with its own build of the plugin
+# (scripts/build-plugin.sh [--arch arm64]; the image's linux/amd64 and linux/arm64 variants).
+# On any other node (`uname -m`), or with a plugin built for the other machine, the
+# install stops with one line before anything is written. Tests only:
+# NETCLAIM_NODE_MACHINE=NAME stands in for `uname -m`.
+#
 # DIR/netclaim is one fully static executable (scripts/build-plugin.sh): the
 # Python package cni_plugin/ frozen into an embedded interpreter. It needs no
 # Python, no shared library and no file on the node, and points at nothing
@@ -96,6 +102,7 @@ parse_args() {
 # beside this script or in ../bin; a source checkout builds it (cached) with
 # build-plugin.sh.
 resolve_bundle() {
+    check_node
     if [[ -z "$BUNDLE" ]]; then
         if [[ -f "$HERE/netclaim" ]]; then
             BUNDLE="$HERE/netclaim"
@@ -108,12 +115,40 @@ resolve_bundle() {
         fi
     fi
     [[ -f "$BUNDLE" && -x "$BUNDLE" ]] || die "plugin executable $BUNDLE not found or not executable (use --bundle)"
+    check_machine
     # It must answer as a CNI plugin here, with nothing from this environment.
     local answer
     answer="$(printf '{}' | env -i CNI_COMMAND=VERSION "$BUNDLE" 2>/dev/null)" || true
     [[ "$answer" == *'"supportedVersions"'* ]] || die "$BUNDLE does not answer VERSION as a CNI plugin"
     local why
     why="$("$(editor_python)" -I -S -c "$STATIC_CHECK" "$BUNDLE")" || die "$BUNDLE is not a static executable: $why"
+}
+
+# The node's machine and the ELF e_machine of the plugin built for it.
+node_machine() { printf '%s' "${NETCLAIM_NODE_MACHINE:-$(uname -m)}"; }
+elf_machine_of() {
+    case "$1" in x86_64) echo 62 ;; aarch64) echo 183 ;; *) echo "" ;; esac
+}
+
+# Before the plugin is built, run or written: a node that is neither x86_64
+# nor aarch64, or a plugin built for the other one, is refused with one line.
+check_node() {
+    local machine
+    machine="$(node_machine)"
+    [[ -n "$(elf_machine_of "$machine")" ]] \
+        || die "this node is $machine; the netclaim plugin is built for x86_64 and aarch64 nodes only"
+}
+check_machine() {
+    local machine want got name how
+    machine="$(node_machine)"
+    want="$(elf_machine_of "$machine")"
+    [[ "$(od -An -c -N 4 "$BUNDLE" | tr -d ' ')" == '177ELF' ]] || return 0  # not an ELF: the static check says so
+    got="$(od -An -t u2 -j 18 -N 2 --endian=little "$BUNDLE" | tr -d ' ')"
+    [[ "$got" != "$want" ]] || return 0
+    case "$got" in 62) name=x86_64 ;; 183) name=aarch64 ;; *) name="ELF machine $got" ;; esac
+    how="scripts/build-plugin.sh or the image's linux/amd64"
+    [[ "$machine" == aarch64 ]] && how="scripts/build-plugin.sh --arch arm64 or the image's linux/arm64"
+    die "$BUNDLE is built for $name, but this node is $machine: install the $machine build ($how)"
 }
 
 # A script needs an interpreter and a dynamic ELF a loader and libraries from

@@ -51,6 +51,7 @@ make_venv() {
 install_packages
 make_venv
 "$ROOT/scripts/build-plugin.sh" >/dev/null  # the self-contained CNI plugin (cached outside the repo)
+"$ROOT/scripts/build-plugin.sh" --arch arm64 >/dev/null  # the same cross-built for arm64 nodes (tests run it under qemu-user)
 # shellcheck disable=SC2086
 "$ROOT/scripts/build-control-plane.sh" ${NETCLAIM_BUILD_TARGETS:-all} >/dev/null
 log "ready"

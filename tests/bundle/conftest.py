@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ DRIVER = "net.example.com"
 # The interpreter the bundle embeds (Debian's static libpython3.11): the
 # source plugin runs on it for the side-by-side comparisons.
 SOURCE_PYTHON = "/usr/bin/python3.11"
+# The user-mode emulator the arm64 build runs under (Debian's qemu-user-static).
+QEMU = "qemu-aarch64-static"
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +35,24 @@ def bundle() -> Path:
     if proc.returncode != 0:
         pytest.fail(f"scripts/build-plugin.sh failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def arm64_bundle() -> Path:
+    """The aarch64 executable, cross-built (or reused from the cache) from this checkout."""
+    proc = subprocess.run(["bash", str(BUILD), "--arch", "arm64"], capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/build-plugin.sh --arch arm64 failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def qemu(arm64_bundle: Path) -> Path:
+    """The static user-mode emulator (Debian's qemu-user-static, installed by the arm64 build)."""
+    found = shutil.which(QEMU)
+    if found is None:
+        pytest.fail(f"{QEMU} not found: scripts/build-plugin.sh --arch arm64 installs qemu-user-static")
+    return Path(found).resolve()
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""scripts/build-plugin.sh: cached by its inputs, rebuilt when the plugin changes, reproducible.
+"""scripts/build-plugin.sh: cached by its inputs, rebuilt when the plugin changes, reproducible (both arches).
 
 The build runs on a copy of exactly what the image's `plugin` stage copies
 (cni_plugin/, scripts/build-plugin.sh, scripts/lib/, scripts/bundle/) with its own cache dir;
@@ -27,9 +27,9 @@ def _kit(dest: Path) -> Path:
     return dest
 
 
-def _build(kit: Path, cache: Path) -> Path:
+def _build(kit: Path, cache: Path, *args: str) -> Path:
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
-    proc = subprocess.run(["bash", str(kit / "scripts" / "build-plugin.sh")], capture_output=True, text=True,
+    proc = subprocess.run(["bash", str(kit / "scripts" / "build-plugin.sh"), *args], capture_output=True, text=True,
                           env=env, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return Path(proc.stdout.strip().splitlines()[-1])
@@ -61,3 +61,16 @@ def test_cached_rebuilt_on_change_and_reproducible(tmp_path: Path, bundle: Path,
     assert "cni_plugin.main" in modules and "traceback" in modules and "json.decoder" in modules
     proc = subprocess.run([str(second)], input=b"{}", env={"CNI_COMMAND": "VERSION"}, capture_output=True, timeout=30)
     assert proc.returncode == 0 and b"supportedVersions" in proc.stdout
+
+
+def test_arm64_cross_build_is_reproducible_and_cached_apart(tmp_path: Path, bundle: Path, arm64_bundle: Path,
+                                                            cache: Path) -> None:
+    """A fresh cache (Debian's arm64 libpython fetched again) gives the same bytes, and the
+    x86_64 build in the same cache is not replaced by it."""
+    kit = _kit(tmp_path / "a")
+    arm = _build(kit, cache, "--arch", "arm64")
+    assert arm.read_bytes() == arm64_bundle.read_bytes(), "same sources elsewhere gave different arm64 bytes"
+    assert arm.is_relative_to(cache / "netclaim" / "plugin-arm64")
+    x86 = _build(kit, cache)
+    assert x86.read_bytes() == bundle.read_bytes() and x86 != arm
+    assert _build(kit, cache, "--arch", "arm64") == arm and arm.read_bytes() == arm64_bundle.read_bytes()
