@@ -77,15 +77,16 @@ class GroupSync:
         self.fsyncs += 1
 
     def _fsync(self) -> None:
+        """fsync the WAL; with no WAL (all checkpointed and removed) the database file itself."""
+        path = self.wal_path
         try:
-            st = os.stat(self.wal_path)
-        except FileNotFoundError:  # no WAL: every commit is in the database file (checkpointed)
-            self._reset()
-            _fsync_path(self.db_path)
-            return
+            st = os.stat(path)
+        except FileNotFoundError:
+            path = self.db_path
+            st = os.stat(path)
         if self._fd < 0 or os.fstat(self._fd).st_ino != st.st_ino:
             self._reset()
-            self._fd = os.open(self.wal_path, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         os.fsync(self._fd)
 
     def _reset(self) -> None:
@@ -97,10 +98,3 @@ class GroupSync:
         with self._cond:
             self._reset()
 
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
