@@ -13,7 +13,7 @@ and nothing else says why. This module tells the operator: a pod that
   it, with no entry of those drivers in its status,
 
 gets one Warning Event (reason NetclaimNotChained) and counts in
-netclaim_pods_unchained (now) and netclaim_pods_unchained_total (ever).
+netclaim_pods_unchained (now) and netclaim_pods_unchained_reported_total (ever).
 
 When: a grace period (`grace`, default 30 s) after the pod is first seen
 Running (or after the publisher started, for pods that ran before it): the
@@ -250,7 +250,7 @@ class UnchainedPods:
     def _report(self, cand: Candidate, claim_name: str, claim: dict[str, Any]) -> None:
         self._done(cand.uid, flagged=True)
         if self.metrics is not None:
-            self.metrics.pods_unchained_total.inc()
+            self.metrics.pods_unchained_reported.inc()
         self._gauge()
         fields = {"pod": f"{cand.namespace}/{cand.name}", "pod_uid": cand.uid, "claim": f"{cand.namespace}/{claim_name}"}
         self.log.warning("pod started while netclaim was not chained", extra=fields)

@@ -119,7 +119,7 @@ def test_issue18_item5_pod_started_while_unchained_gets_a_warning_event_and_a_me
         assert "late-net" in event["note"] and cluster.driver in event["note"]
         assert entries_of(cluster.claim_yaml(ns, "late-net"), cluster.driver) == []  # what the Event explains
         assert metric(cluster, "netclaim_pods_unchained") == 1
-        assert metric(cluster, "netclaim_pods_unchained_total") == 1
+        assert metric(cluster, "netclaim_pods_unchained_reported_total") == 1
         # The pods judged before it: started while chained, or without a claim, cost no warning.
         assert warnings_about(cluster, ns, "early") == []
         assert warnings_about(cluster, ns, "plain") == []
@@ -127,7 +127,7 @@ def test_issue18_item5_pod_started_while_unchained_gets_a_warning_event_and_a_me
         # The pod goes away: the gauge follows; the total keeps the count.
         cluster.delete_pod(ns, "late")
         wait_until(lambda: metric(cluster, "netclaim_pods_unchained") == 0, "the gauge to drop the deleted pod")
-        assert metric(cluster, "netclaim_pods_unchained_total") == 1
+        assert metric(cluster, "netclaim_pods_unchained_reported_total") == 1
         assert len(warnings_about(cluster, ns, "late")) == 1
     finally:
         for pod in ("early", "plain", "late"):
