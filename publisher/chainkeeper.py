@@ -364,7 +364,6 @@ class ChainKeeper:
             empty_dir(directory)
         self.log.info("node cleaned up", extra={"removed": [str(d) for d in self.cfg.cleanup_dirs]})
 
-
     def remove_plugin(self, settle: float) -> bool:
         """Remove the plugin executable unless a runtime may still run it; True when removed.
 

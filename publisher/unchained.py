@@ -165,10 +165,16 @@ class UnchainedPods:
 
     # ------------------------------------------------------------ judging
 
-    def run(self, stopping: threading.Event, beat: Callable[[], None] = lambda: None) -> None:
-        while not stopping.wait(min(SWEEP_EVERY, self.grace / 2 or SWEEP_EVERY)):
-            beat()
-            self.sweep()
+    def run(self, stopping: threading.Event) -> None:
+        """Sweep until stopped; a failed sweep (journal busy, say) is logged and tried again.
+
+        A report must never take the publisher's readiness with it, so nothing escapes.
+        """
+        while not stopping.wait(min(SWEEP_EVERY, self.grace / 2)):
+            try:
+                self.sweep()
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                self.log.warning("unchained check failed, will retry", extra={"error": f"{type(exc).__name__}: {exc}"})
 
     def sweep(self) -> int:
         """Judge every pod whose grace period is over; the number of pods reported."""
@@ -252,7 +258,8 @@ class UnchainedPods:
         if self.metrics is not None:
             self.metrics.pods_unchained_reported.inc()
         self._gauge()
-        fields = {"pod": f"{cand.namespace}/{cand.name}", "pod_uid": cand.uid, "claim": f"{cand.namespace}/{claim_name}"}
+        fields = {"pod": f"{cand.namespace}/{cand.name}", "pod_uid": cand.uid,
+                  "claim": f"{cand.namespace}/{claim_name}"}
         self.log.warning("pod started while netclaim was not chained", extra=fields)
         if not self._bucket.take():
             self.log.warning("NetclaimNotChained Event not posted: rate limit", extra=fields)

@@ -258,17 +258,23 @@ def keeper_container(cluster: RealCluster) -> str:
     return ids[0] if len(ids) == 1 else ""
 
 
-def sigterm_keeper(cluster: RealCluster) -> None:
-    """SIGTERM to the chain keeper (the kubelet restarts it in the same pod); back when it runs again."""
+def sigterm_keeper(cluster: RealCluster) -> str:
+    """SIGTERM to the chain keeper (the kubelet restarts it in the same pod); its decision, once it runs again."""
     old = wait_until(lambda: keeper_container(cluster), "the chain keeper to run", timeout=120)
     cluster.crictl("stop", "--timeout", "40", old)
     wait_until(lambda: (lambda c: c and c != old)(keeper_container(cluster)), "the chain keeper to be restarted",
                timeout=180)
+    said = [line for line in cluster.crictl("logs", old).splitlines() if '"uninstall or not"' in line]
+    return said[-1] if said else "(no decision logged)"
 
 
-def can_i(cluster: RealCluster, verb: str, what: str) -> bool:
+def service_account(cluster: RealCluster) -> str:
+    return daemonset_pod(cluster)["spec"]["serviceAccountName"]
+
+
+def can_i(cluster: RealCluster, verb: str, what: str, account: str) -> bool:
     out = cluster.kubectl("auth", "can-i", verb, what, "-n", NAMESPACE, f"--as=system:serviceaccount:{NAMESPACE}:"
-                          f"{RELEASE}", check=False)
+                          f"{account}", check=False)
     return out.strip() == "yes"
 
 
@@ -296,9 +302,13 @@ def test_issue18_item3_refused_credentials_keep_the_node_and_uninstall_cleans_it
             # 403: the keeper's Role binding is gone (RBAC being replaced, an authorizer not synced yet).
             binding = json.loads(cluster.kubectl("get", "rolebinding", f"{RELEASE}-chain-keeper", "-n", NAMESPACE,
                                                  "-o", "json"))
+            account = service_account(cluster)
+            assert can_i(cluster, "get", f"daemonsets/{RELEASE}", account)
             cluster.kubectl("delete", "rolebinding", f"{RELEASE}-chain-keeper", "-n", NAMESPACE)
-            wait_until(lambda: not can_i(cluster, "get", f"daemonsets/{RELEASE}"), "the keeper's grant to be gone")
-            sigterm_keeper(cluster)
+            wait_until(lambda: not can_i(cluster, "get", f"daemonsets/{RELEASE}", account),
+                       "the keeper's grant to be gone")
+            said = sigterm_keeper(cluster)
+            assert '"owner":"unknown"' in said and "get: 403" in said, said  # asked, refused, kept
             for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields"):
                 binding["metadata"].pop(key, None)
             cluster.kubectl("create", "-f", "-", stdin=json.dumps(binding))
@@ -306,13 +316,14 @@ def test_issue18_item3_refused_credentials_keep_the_node_and_uninstall_cleans_it
             # The API server down while the keeper is stopped: no answer proves nothing either.
             cluster.sh("apiserver-stop")
             try:
-                sigterm_keeper(cluster)
+                said = sigterm_keeper(cluster)
             finally:
                 cluster.sh("apiserver-start")
+            assert '"owner":"unknown"' in said, said
 
             # 401: the ServiceAccount is re-created by an upgrade (the old pod's token dies with the old one).
             old_pod = daemonset_pod(cluster)["metadata"]["uid"]
-            cluster.kubectl("delete", "serviceaccount", RELEASE, "-n", NAMESPACE)
+            cluster.kubectl("delete", "serviceaccount", account, "-n", NAMESPACE)
             helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *helm_values(files, cluster, NEXT, port),
                  "--wait", "--timeout", "300s", kubeconfig=kubeconfig, timeout=400)
             wait_until(lambda: (lambda p: p and p["metadata"]["uid"] != old_pod

@@ -29,7 +29,8 @@ import pytest
 from deploylib import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
-from runtime.realcluster import ClusterError, RealCluster, cluster_sh, entries_of, ready_status, wait_until  # noqa: E402
+from runtime.realcluster import (ClusterError, RealCluster, cluster_sh, entries_of, ready_status,  # noqa: E402
+                                 wait_until)
 
 pytestmark = pytest.mark.containerd
 
