@@ -264,7 +264,10 @@ def sigterm_keeper(cluster: RealCluster) -> str:
     cluster.crictl("stop", "--timeout", "40", old)
     wait_until(lambda: (lambda c: c and c != old)(keeper_container(cluster)), "the chain keeper to be restarted",
                timeout=180)
-    said = [line for line in cluster.crictl("logs", old).splitlines() if '"uninstall or not"' in line]
+    env = {**os.environ, "CONTAINER_RUNTIME_ENDPOINT": cluster.values["CONTAINER_RUNTIME_ENDPOINT"]}
+    logs = subprocess.run([cluster.values["NETCLAIM_CRICTL"], "logs", old], env=env, capture_output=True, text=True,
+                          timeout=60)  # the keeper logs on stderr, which crictl gives back on stderr
+    said = [line for line in (logs.stdout + logs.stderr).splitlines() if '"uninstall or not"' in line]
     return said[-1] if said else "(no decision logged)"
 
 
