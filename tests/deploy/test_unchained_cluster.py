@@ -80,13 +80,23 @@ def warnings_about(cluster: RealCluster, ns: str, pod: str) -> list[dict[str, An
     return [e for e in events if e.get("reason") == REASON and (e.get("regarding") or {}).get("name") == pod]
 
 
-def metric(cluster: RealCluster, name: str) -> float:
+def metrics_text(cluster: RealCluster) -> str:
     port = (Path(cluster.dir) / "nc" / "metrics.port").read_text().strip()
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def metric(cluster: RealCluster, name: str) -> float:
+    text = metrics_text(cluster)
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not exposed:\n{text[-2000:]}")
+
+
+def gets(cluster: RealCluster) -> float:
+    """GET requests the publisher made so far (any answer)."""
+    return sum(float(line.split()[-1]) for line in metrics_text(cluster).splitlines()
+               if line.startswith("netclaim_api_requests_total{") and 'verb="get"' in line)
 
 
 def test_issue18_item5_pod_started_while_unchained_gets_a_warning_event_and_a_metric(cluster: RealCluster) -> None:
@@ -107,6 +117,7 @@ def test_issue18_item5_pod_started_while_unchained_gets_a_warning_event_and_a_me
         # The primary's installer rewrites its conflist without netclaim; the runtime follows.
         write_atomically(conflist, without_netclaim(chained))
         wait_until(lambda: "netclaim" not in runtime_chain(cluster), "containerd to reload the chain without netclaim")
+        gets_before = gets(cluster)
         cluster.pod(ns, "plain")  # no claim: must cost nothing
         cluster.wait_running(ns, "plain", timeout=180)
         cluster.claim(ns, "late-net")
@@ -121,9 +132,11 @@ def test_issue18_item5_pod_started_while_unchained_gets_a_warning_event_and_a_me
         assert entries_of(cluster.claim_yaml(ns, "late-net"), cluster.driver) == []  # what the Event explains
         assert metric(cluster, "netclaim_pods_unchained") == 1
         assert metric(cluster, "netclaim_pods_unchained_reported_total") == 1
-        # The pods judged before it: started while chained, or without a claim, cost no warning.
+        # The pods judged before it: started while chained, or without a claim, cost no warning, and the
+        # pod without a claim no request: the one GET is the unchained pod's claim, read once.
         assert warnings_about(cluster, ns, "early") == []
         assert warnings_about(cluster, ns, "plain") == []
+        assert gets(cluster) - gets_before == 1
 
         # The pod goes away: the gauge follows; the total keeps the count.
         cluster.delete_pod(ns, "late")
