@@ -265,9 +265,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
                  plugin_log_file: str, cni_cache_dir: str, cleanup_dir: tuple[str, ...], poll_interval: float,
-                 daemonset: str,
-                 namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool, log_format: str,
-                 node_name: str, metrics_address: str, test_pause: tuple[str, ...]) -> None:
+                 daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
+                 log_format: str, node_name: str, metrics_address: str, test_pause: tuple[str, ...]) -> None:
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
     from pathlib import Path
 
