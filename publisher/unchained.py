@@ -91,14 +91,14 @@ def declares_claims(pod: dict[str, Any]) -> bool:
                 or ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))
 
 
-def claim_is_ours(claim: dict[str, Any], drivers: frozenset[str], pod_uid: str) -> tuple[bool, bool]:
-    """(allocated to one of `drivers` and reserved for the pod, has a status entry of those drivers)."""
+def claim_is_ours(claim: dict[str, Any], drivers: frozenset[str], pod_uid: str) -> tuple[bool, bool, bool]:
+    """(allocated with a result of one of `drivers`, and reserved for the pod, and has a status entry of them)."""
     status = claim.get("status") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     ours = any(r.get("driver") in drivers for r in results)
     reserved = any(r.get("uid") == pod_uid for r in status.get("reservedFor") or [])
     published = any(d.get("driver") in drivers for d in status.get("devices") or [])
-    return ours and reserved, published
+    return ours, reserved, published
 
 
 class UnchainedPods:
@@ -120,7 +120,7 @@ class UnchainedPods:
         self._tracked: OrderedDict[str, Candidate] = OrderedDict()  # by pod UID, in due order
         self._adds: OrderedDict[str, None] = OrderedDict()  # pod UIDs (and ns/name) with an ADD handled
         self._judged: OrderedDict[str, None] = OrderedDict()  # pod UIDs already decided (never again)
-        self._not_ours: OrderedDict[tuple[str, str, str], None] = OrderedDict()  # (ns, name, uid) of claims
+        self._not_ours: OrderedDict[tuple[str, str], None] = OrderedDict()  # (ns, name) of others' claims
         self._bucket = _Bucket(EVENTS_PER_MINUTE, float(EVENTS_PER_MINUTE))
 
     @property
@@ -234,8 +234,12 @@ class UnchainedPods:
         return 0
 
     def _claim(self, cand: Candidate, claim_name: str) -> dict[str, Any] | None:
-        """The claim when it is netclaim's, reserved for the pod and unpublished; else None."""
-        key = (cand.namespace, claim_name, cand.uid)
+        """The claim when it is netclaim's, reserved for the pod and unpublished; else None.
+
+        A claim allocated without a result of netclaim's drivers is remembered by name: a
+        Running pod's claim stays allocated as it is, so the other pods sharing it cost no GET.
+        """
+        key = (cand.namespace, claim_name)
         with self._lock:
             if key in self._not_ours:
                 return None
@@ -243,10 +247,10 @@ class UnchainedPods:
             claim = self.kube.get_claim(cand.namespace, claim_name)
         except NotFound:
             return None
-        ours, published = claim_is_ours(claim, self.drivers, cand.uid)
-        if ours and not published:
+        ours, reserved, published = claim_is_ours(claim, self.drivers, cand.uid)
+        if ours and reserved and not published:
             return claim
-        if not ours:
+        if not ours and (claim.get("status") or {}).get("allocation"):
             with self._lock:
                 self._not_ours[key] = None
                 while len(self._not_ours) > MAX_CLAIMS:
