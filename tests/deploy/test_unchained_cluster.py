@@ -9,7 +9,7 @@ netclaim_pods_unchained metrics), and must say nothing about a pod without a
 claim started at the same time, nor about a claimed pod started while
 netclaim was chained.
 
-NETCLAIM_UNCHAINED_CLUSTER_DIR picks the cluster dir (default /tmp/nc-cl-unch);
+NETCLAIM_UNCHAINED_CLUSTER_DIR picks the cluster dir (default: nc-cl-unch in the temp dir);
 NETCLAIM_CLUSTER_KEEP=1 leaves it up.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -41,7 +42,7 @@ REASON = "NetclaimNotChained"
 def cluster() -> Iterator[RealCluster]:
     if os.geteuid() != 0:
         pytest.fail("the real cluster needs root", pytrace=False)
-    directory = os.environ.get("NETCLAIM_UNCHAINED_CLUSTER_DIR", "/tmp/nc-cl-unch")
+    directory = os.environ.get("NETCLAIM_UNCHAINED_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-cl-unch"))
     try:
         real = RealCluster.up(directory, {**os.environ, "NETCLAIM_CLUSTER_DIR": directory})
     except ClusterError as exc:
