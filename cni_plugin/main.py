@@ -37,6 +37,25 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import Env, NetConf
 
 _MIN_VERSION = {"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}
+# Left next to the executable by the chain keeper when it uninstalls netclaim but must keep the
+# executable for sandboxes whose runtime tears down with a cached config that runs it.
+RETIRED_MARKER = ".netclaim-retired"
+
+
+def _retired() -> bool:
+    """netclaim is uninstalled from this node and this executable only stays for old sandboxes.
+
+    Then DEL and GC do nothing and exit 0: nobody would ever read a spooled
+    event, and an uninstalled node must not grow files (publisher/chainkeeper.py
+    remove_plugin). One readlink and one lstat; the marker sits beside the
+    executable the runtime runs (a source-tree launcher's is the interpreter's
+    directory, where no marker ever is).
+    """
+    try:
+        exe = os.readlink("/proc/self/exe")
+    except OSError:
+        return False
+    return os.path.lexists(os.path.join(os.path.dirname(exe), RETIRED_MARKER))
 
 
 def _emit(out: IO[bytes], document: dict[str, Any]) -> None:
@@ -66,6 +85,8 @@ def run(environ: Mapping[str, str], stdin: IO[bytes], log: Log, reply: _Reply) -
         from .commands import cmd_version
 
         return cmd_version()
+    if env.command in ("DEL", "GC") and _retired():
+        return None
     raw = decode_stdin(data, env.command)
     reply.version = _reply_version(raw)
     if env.command == "DEL":

@@ -24,12 +24,16 @@ The keeper runs beside the publisher in the DaemonSet. It:
   entry there, so a rewrite right after its own write is never taken for done;
 - says how the node stands: /readyz and /metrics on --metrics-address, a
   `chain status` log line on every change, a Warning Event on the Node;
-- on SIGTERM tells an uninstall from an upgrade or a restart: only when its
-  DaemonSet is gone, being deleted, or its credentials were revoked (the
-  release's RBAC is deleted with it) does it put the node back as it was:
-  conflists restored, plugin removed, spool and journal removed. A
-  `helm upgrade` (the DaemonSet still there) keeps everything, so the journal
-  and every pod's status survive the new pod.
+- on SIGTERM tells an uninstall from an upgrade or a restart, on positive
+  evidence only (publisher/ownerwatch.py): its DaemonSet answered 404, showed
+  a deletionTimestamp, or was seen DELETED by the watch the keeper keeps on
+  it while it runs (the watch survives the revocation of the release's RBAC,
+  which `helm uninstall` deletes with the DaemonSet). Then it puts the node
+  back as it was: conflists restored first, then the plugin removed unless a
+  runtime still holds a cached config that runs it (see remove_plugin), then
+  spool and journal removed. 401, 403 and no answer keep everything, as does
+  a `helm upgrade` (the DaemonSet still there), so the journal and every
+  pod's status survive the new pod.
 
 A short poll of the directory's (name, inode, mtime, size) list costs one
 listdir and a few stats a second and also notices rewrites that inotify
@@ -39,7 +43,10 @@ that list changes.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -69,8 +76,14 @@ from .conflist import (
 )
 
 PLUGIN_NAME = "netclaim"
+RETIRED_MARKER = ".netclaim-retired"  # cni_plugin/main.py: DEL and GC of a kept executable do nothing
 # Seconds to keep asking for the DaemonSet on SIGTERM (the chart's grace period is 30).
 DECIDE_WITHIN = 15.0
+# Seconds between unchaining and removing the plugin: the runtimes reload the conf dir on an
+# inotify event, and a DEL that starts before the reload still runs the chain it had loaded.
+RELOAD_SETTLE = 2.0
+CACHE_FILES_MAX = 20000  # libcni cache files looked at (a node has one per attachment)
+CACHE_FILE_MAX_BYTES = 1 << 20
 Snapshot = tuple[tuple[str, int, int, int, str], ...]
 DIGEST_LIMIT = 1 << 20  # bytes of a network file hashed into the snapshot
 
@@ -85,6 +98,7 @@ class KeeperConfig:
     entry: dict[str, Any]
     conflist: str = ""  # a file name in conf_dir; empty: the first network file by name
     cleanup_dirs: list[Path] = field(default_factory=list)  # emptied on uninstall (spool, journal)
+    cache_dir: Path | None = None  # the runtimes' libcni cache dir (results/), read on uninstall
     poll_interval: float = 1.0
     # Tests only: seconds to stop at a point of an edit ("before-replace", "after-write"), to land a
     # write of another process exactly there.
@@ -231,6 +245,7 @@ class ChainKeeper:
         self.cfg.bin_dir.mkdir(parents=True, exist_ok=True)
         if copy_atomic(self.cfg.plugin_binary, target):
             self.log.info("plugin installed", extra={"path": str(target)})
+        (self.cfg.bin_dir / RETIRED_MARKER).unlink(missing_ok=True)  # installed again: the plugin works again
         st = target.stat()
         self._plugin_stat = (st.st_ino, st.st_mtime_ns)
 
@@ -352,11 +367,12 @@ class ChainKeeper:
             self.stop.wait(self.cfg.poll_interval)
 
     def remove_everything(self) -> None:
-        """Put the node back: conflists restored, plugin gone, spool and journal emptied."""
+        """Put the node back: conflists restored first, then the plugin (see remove_plugin), spool and journal."""
         conf_dir = self.cfg.conf_dir
         names = set(os.listdir(conf_dir)) if conf_dir.is_dir() else set()
         targets = {conf_dir / n for n in names if n.endswith(NETWORK_EXTENSIONS)}
         targets |= {conf_dir / n[: -len(BACKUP_SUFFIX)] for n in names if n.endswith(BACKUP_SUFFIX)}
+        unchained = False
         for path in sorted(targets):
             try:
                 outcome = uninstall(path)
@@ -364,11 +380,86 @@ class ChainKeeper:
                 self.log.warning("conflist left as it is", extra={"conflist": path.name, "error": str(exc)})
                 continue
             if outcome != "unchanged":
+                unchained = True
                 self.log.info("netclaim unchained", extra={"conflist": path.name, "outcome": outcome})
-        (self.cfg.bin_dir / PLUGIN_NAME).unlink(missing_ok=True)
+        self.remove_plugin(settle=RELOAD_SETTLE if unchained else 0.0)
         for directory in self.cfg.cleanup_dirs:
             empty_dir(directory)
         self.log.info("node cleaned up", extra={"removed": [str(d) for d in self.cfg.cleanup_dirs]})
+
+    def remove_plugin(self, settle: float) -> bool:
+        """Remove the plugin executable unless a runtime may still run it; True when removed.
+
+        Unchaining stops new sandboxes from running netclaim, not old ones:
+        CRI-O tears a sandbox down with the config libcni cached at its ADD
+        (results/<network>-<containerID>-<ifname> in the cache dir), and a
+        missing executable fails that DEL, so the runtime retries the teardown
+        for good. containerd uses the config it has loaded, which follows the
+        conf dir on inotify, so it stops running netclaim once it has reloaded
+        (`settle`). So the executable is kept while any cached config chains
+        this install's netclaim (same socketPath as this keeper's entry), and
+        a marker beside it (RETIRED_MARKER) makes its DEL and GC do nothing
+        and exit 0 (cni_plugin/main.py): nobody would read a spooled event,
+        and the node must not grow files. The log line names the sandboxes;
+        `chain-keeper --uninstall` removes both once they are gone (a new
+        install removes the marker).
+        """
+        target, marker = self.cfg.bin_dir / PLUGIN_NAME, self.cfg.bin_dir / RETIRED_MARKER
+        if not target.exists():
+            marker.unlink(missing_ok=True)
+            return False
+        users = cached_users(self.cfg.cache_dir, str(self.cfg.entry.get("socketPath") or ""))
+        if users:
+            marker.touch(mode=0o644, exist_ok=True)
+            self.log.warning("plugin kept (its DEL now does nothing): a runtime still holds a cached config that "
+                             "runs it; remove it with `chain-keeper --uninstall` once these sandboxes are gone",
+                             extra={"path": str(target), "sandboxes": len(users), "containerIDs": users[:20],
+                                    "cache_dir": str(self.cfg.cache_dir)})
+            return False
+        if settle > 0:
+            time.sleep(settle)
+        target.unlink(missing_ok=True)
+        marker.unlink(missing_ok=True)
+        self.log.info("plugin removed", extra={"path": str(target)})
+        return True
+
+
+def cached_chain(raw: bytes, socket_path: str) -> str:
+    """The containerID of one libcni cache file whose cached config chains netclaim, else ''."""
+    try:
+        doc = json.loads(raw)
+        config = json.loads(base64.b64decode(doc.get("config") or ""))
+    except (ValueError, TypeError, binascii.Error, AttributeError):
+        return ""
+    plugins = config.get("plugins") if isinstance(config, dict) else None
+    plugins = plugins if isinstance(plugins, list) else [config]
+    for plugin in plugins:
+        if isinstance(plugin, dict) and plugin.get("type") == PLUGIN_NAME and (
+                not socket_path or plugin.get("socketPath") == socket_path):
+            return str(doc.get("containerId") or "?")
+    return ""
+
+
+def cached_users(cache_dir: Path | None, socket_path: str) -> list[str]:
+    """ContainerIDs whose runtime-cached config (libcni's results cache) runs netclaim on DEL."""
+    if cache_dir is None:
+        return []
+    results = cache_dir / "results"
+    try:
+        names = sorted(os.listdir(results))[:CACHE_FILES_MAX]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    users = []
+    for name in names:
+        try:
+            with open(results / name, "rb") as fh:
+                raw = fh.read(CACHE_FILE_MAX_BYTES)
+        except OSError:
+            continue
+        cid = cached_chain(raw, socket_path)
+        if cid:
+            users.append(cid)
+    return users
 
 
 def empty_dir(directory: Path) -> None:
@@ -385,27 +476,6 @@ def empty_dir(directory: Path) -> None:
 
 
 # ---------------------------------------------------------------- uninstall or upgrade?
-
-
-def owner_state(get_daemonset: Callable[[], dict[str, Any]]) -> str:
-    """'present', 'gone' (uninstall) or 'unknown', from one GET of the keeper's DaemonSet.
-
-    401/403 mean the release's ServiceAccount or RBAC was deleted, which an
-    upgrade never does; no answer at all is 'unknown', and unknown keeps the
-    node chained (a stale entry with failurePolicy Ignore harms no pod; a
-    wrongly removed one loses every later pod's status).
-    """
-    from .kube import ApiError, NotFound
-
-    log = logs.get()
-    try:
-        ds = get_daemonset()
-    except NotFound:
-        return "gone"
-    except ApiError as exc:
-        log.info("DaemonSet lookup", extra={"code": exc.code, "error": exc.message[:300]})
-        return "gone" if exc.code in (401, 403) else "unknown"
-    return "gone" if ds.get("metadata", {}).get("deletionTimestamp") else "present"
 
 
 @dataclass
@@ -470,12 +540,8 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
                                             "poll_interval": cfg.poll_interval})
     keeper.run()
     log.info("chain keeper signalled: uninstall or upgrade?", extra={"signal": signalled[-1] if signalled else 0})
-    state = "unknown"
-    deadline = node_seconds() + DECIDE_WITHIN
-    while decide is not None and state == "unknown" and node_seconds() < deadline:
-        state = decide()
-        if state == "unknown":
-            time.sleep(1.0)
+    # Positive evidence only (publisher/ownerwatch.py): 'gone' cleans the node; 'present' and 'unknown' keep it.
+    state = decide() if decide is not None else "unknown"
     log.info("chain keeper stopping", extra={"owner": state})
     if state == "gone":
         keeper.remove_everything()

@@ -145,10 +145,18 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
 @click.option("--spool-interval", envvar="NETCLAIM_SPOOL_INTERVAL", show_envvar=True, default=5.0,
               show_default=True, type=click.FloatRange(0.05, 3600),
               help="Seconds between looks at the spool dir (and retries of claims whose apply failed).")
+@click.option("--driver-name", "driver_names", envvar="NETCLAIM_DRIVER_NAMES", show_envvar=True, multiple=True,
+              help="A DRA driver netclaim reports for (repeatable; the variable: space-separated). A Running pod "
+                   "with a claim of one of them whose sandbox never ran netclaim gets a NetclaimNotChained "
+                   "Warning Event (empty: not looked for).")
+@click.option("--unchained-grace", envvar="NETCLAIM_UNCHAINED_GRACE", show_envvar=True, default=30.0,
+              show_default=True, type=click.FloatRange(1, 3600),
+              help="Seconds after a claimed pod is seen Running before a missing ADD counts as not chained.")
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
         metrics_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, resync_interval: float,
-        retry_max_delay: float, emit_events: bool, spool_interval: float) -> None:
+        retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
+        unchained_grace: float) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
     import sqlite3
 
@@ -169,7 +177,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                 credentials=Credentials(kubeconfig, workers + 4))
     settings = Settings(node_name=node_name, state_dir=state_dir, spool_dir=spool_dir, workers=workers,
                         resolve_timeout=resolve_timeout, resync_interval=resync_interval,
-                        spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events)
+                        spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
+                        driver_names=driver_names, unchained_grace=unchained_grace)
     try:
         service = Service(settings, kube, metrics)
         server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
@@ -225,13 +234,18 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
               default=DEFAULT_SPOOL_DIR, show_default=True, help="The spool dir as the plugin on the node sees it.")
 @click.option("--plugin-log-file", envvar="NETCLAIM_PLUGIN_LOG_FILE", show_envvar=True, default="",
               help="The plugin's log file on the node (empty: none).")
+@click.option("--cni-cache-dir", envvar="NETCLAIM_CNI_CACHE_DIR", show_envvar=True, default="/var/lib/cni",
+              show_default=True, type=click.Path(file_okay=False),
+              help="The runtimes' libcni cache dir, as mounted here: on uninstall the plugin is kept while a "
+                   "cached config there still runs it (empty: not looked at).")
 @click.option("--cleanup-dir", envvar="NETCLAIM_CLEANUP_DIRS", show_envvar=True, multiple=True,
               type=click.Path(file_okay=False), help="Emptied on uninstall (spool, journal, socket dir); repeatable.")
 @click.option("--poll-interval", envvar="NETCLAIM_POLL_INTERVAL", show_envvar=True, default=1.0,
               show_default=True, type=click.FloatRange(0.1, 60), help="Seconds between looks at the conf dir.")
 @click.option("--daemonset", envvar="NETCLAIM_DAEMONSET", show_envvar=True, default="",
-              help="This pod's DaemonSet: on SIGTERM the node is cleaned up only if it is gone or being "
-                   "deleted (empty: never; an upgrade or restart keeps everything).")
+              help="This pod's DaemonSet, watched while the keeper runs: on SIGTERM the node is cleaned up "
+                   "only on proof that it is gone or being deleted (404, deletionTimestamp, a DELETED watch "
+                   "event); 401/403/no answer keep everything (empty: never clean up).")
 @click.option("--namespace", envvar="NETCLAIM_NAMESPACE", show_envvar=True, default="",
               help="The DaemonSet's namespace.")
 @click.option("--kubeconfig", envvar=["NETCLAIM_KUBECONFIG", "KUBECONFIG"], show_envvar=True, default=None,
@@ -250,9 +264,9 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
               help="Tests only: stop at a point of an edit (before-replace, after-write).")
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
-                 plugin_log_file: str, cleanup_dir: tuple[str, ...], poll_interval: float, daemonset: str,
-                 namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool, log_format: str,
-                 node_name: str, metrics_address: str, test_pause: tuple[str, ...]) -> None:
+                 plugin_log_file: str, cni_cache_dir: str, cleanup_dir: tuple[str, ...], poll_interval: float,
+                 daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
+                 log_format: str, node_name: str, metrics_address: str, test_pause: tuple[str, ...]) -> None:
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
     from pathlib import Path
 
@@ -268,12 +282,13 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     try:
         entry = build_entry([f"driverName={driver_name}", f"request={request}", f"socketPath={plugin_socket}",
                              f"spoolDir={plugin_spool_dir}", f"failurePolicy={failure_policy}",
-                             f"logFile={plugin_log_file}"]) if not uninstall_now else {}
+                             f"logFile={plugin_log_file}"]) if not uninstall_now else {"socketPath": plugin_socket}
     except Refused as exc:
         raise click.UsageError(f"{exc} (--driver-name)") from None
     cfg = chainkeeper.KeeperConfig(
         conf_dir=Path(cni_conf_dir), bin_dir=Path(cni_bin_dir), plugin_binary=Path(plugin_binary), entry=entry,
         conflist=conflist, cleanup_dirs=[Path(d) for d in cleanup_dir], poll_interval=poll_interval,
+        cache_dir=Path(cni_cache_dir) if cni_cache_dir else None,
         test_pauses={k: float(v) for k, _, v in (p.partition("=") for p in test_pause)})
     if uninstall_now:
         sys.exit(chainkeeper.uninstall_now(cfg))
@@ -287,15 +302,21 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
         from .kube import Kube
 
         try:
-            kube = Kube(api_client_for(kubeconfig, 1))
+            # Three connections: the DaemonSet watch holds one, Events and the final GET the others.
+            kube = Kube(api_client_for(kubeconfig, 3))
         except click.ClickException as exc:
             logs.get().warning("no API client; no Events, and on SIGTERM the node stays chained",
                                extra={"error": exc.format_message()})
 
+    owner = None
+    if kube is not None and daemonset:
+        from .ownerwatch import OwnerWatch
+
+        owner = OwnerWatch(kube, namespace, daemonset)
+        owner.start()  # from the first moment: the proof of an uninstall must be in hand before SIGTERM
+
     def decide() -> str:
-        if kube is None:
-            return "unknown"
-        return chainkeeper.owner_state(lambda: kube.get_daemonset(namespace, daemonset))
+        return owner.decide(chainkeeper.DECIDE_WITHIN) if owner is not None else "unknown"
 
     reporting = chainkeeper.Reporting(metrics_address=metrics_address)
     if kube is not None and node_name:

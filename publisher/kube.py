@@ -366,6 +366,25 @@ class Kube:
         return self._json("get", "GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}",
                           timeout=EVENT_TIMEOUT)
 
+    def list_daemonset(self, namespace: str, name: str) -> dict[str, Any]:
+        """The keeper's own DaemonSet as a list of at most one (publisher/ownerwatch.py).
+
+        The name goes in the field selector: that is how RBAC's resourceNames covers
+        a list or a watch. An empty list is as positive as a 404.
+        """
+        return self._json("list", "GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets",
+                          query=[("fieldSelector", f"metadata.name={name}")], timeout=EVENT_TIMEOUT)
+
+    def watch_daemonset(self, namespace: str, name: str, resource_version: str, timeout: int = 300) -> Any:
+        """A streaming watch (raw urllib3 response) of the keeper's own DaemonSet, by name."""
+        resp = self._request(
+            "watch", "GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets",
+            query=[("fieldSelector", f"metadata.name={name}"), ("watch", "true"),
+                   ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+                   ("timeoutSeconds", str(timeout))],
+            timeout=(5.0, timeout + 30))
+        return resp.response
+
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch one events.k8s.io/v1 Event (its series: repeats of the same warning)."""
         self._request("event", "PATCH", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events/{name}",

@@ -86,6 +86,13 @@ class Metrics:
         self.events_ignored = Counter(
             "netclaim_events_ignored_total", "Events that need no publishing and are no failure, by reason",
             ["reason"], registry=r)
+        # publisher/unchained.py: claimed pods of netclaim's drivers running with no ADD seen (started while
+        # netclaim was not in the CNI chain); each also gets a NetclaimNotChained Warning Event.
+        self.pods_unchained = Gauge(
+            "netclaim_pods_unchained", "Running pods with a claim of netclaim's drivers whose sandbox never ran "
+            "netclaim (started while it was not chained)", registry=r)
+        self.pods_unchained_reported = Counter(
+            "netclaim_pods_unchained_reported_total", "Pods found started while netclaim was not chained", registry=r)
         self.http_refused = Counter(
             "netclaim_http_connections_refused_total", "Connections to /metrics, /healthz, /readyz closed at "
             "once because every handler was busy and the queue was full", registry=r)

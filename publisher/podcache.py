@@ -14,6 +14,10 @@ its ADD and DEL cost no request at all (docs/design.md "Finding the claim and
 device"). Pods the watch saw deleted are remembered for a while (bounded,
 limits.MAX_GONE_PODS), so a DEL that arrives after its pod is gone still knows
 what that pod was.
+
+Observers (`observers`, e.g. publisher/unchained.py) are shown every pod the
+watch delivers, whole, before it is cut down to PodInfo, and None for a pod
+deleted; they run on the watch thread and must be O(1) and never block.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 from . import limits, logs
 from .kube import ApiError, Kube, NotFound
@@ -39,6 +43,8 @@ class PodCache:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified on every change: wakes wait_for
         self.synced = threading.Event()
+        # Called with (pod or None when deleted, namespace, name, uid): see the module docstring.
+        self.observers: list[Callable[[dict[str, Any] | None, str, str, str], None]] = []
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
 
     def start(self) -> None:
@@ -74,11 +80,21 @@ class PodCache:
             self._pods[(namespace, name)] = info
             self._changed.notify_all()
 
+    def _show(self, pod: dict[str, Any] | None, key: tuple[str, str], uid: str = "") -> None:
+        """Tell the observers; one that fails is logged, never the watch's problem."""
+        for observer in self.observers:
+            try:
+                observer(pod, key[0], key[1], uid)
+            except Exception as exc:  # noqa: BLE001 - an observer is a report, not the cache
+                self.log.warning("pod observer failed", extra={"pod": f"{key[0]}/{key[1]}",
+                                                               "error": f"{type(exc).__name__}: {exc}"})
+
     def _deleted(self, key: tuple[str, str]) -> None:
         """Move a deleted pod to the bounded gone list (the caller holds the lock)."""
         info = self._pods.pop(key, None)
         if info is None:
             return
+        self._show(None, key, info.uid)
         self._gone.pop(key, None)
         self._gone[key] = info
         while len(self._gone) > limits.MAX_GONE_PODS:
@@ -131,7 +147,9 @@ class PodCache:
             page = self.kube.list_pods_on_node(self.node_name, cont=cont)
             for pod in page.get("items") or []:
                 meta = pod.get("metadata") or {}
-                pods[(meta.get("namespace", ""), meta.get("name", ""))] = pod_info(pod)
+                key = (meta.get("namespace", ""), meta.get("name", ""))
+                pods[key] = pod_info(pod)
+                self._show(pod, key)
             meta = page.get("metadata") or {}
             cont = meta.get("continue", "")
             del page
@@ -170,6 +188,7 @@ class PodCache:
                             self._deleted(key)
                         else:
                             self._pods[key] = pod_info(obj)
+                            self._show(obj, key)
                         self._changed.notify_all()
                 if self.stopping.is_set():
                     break

@@ -39,6 +39,7 @@ from .report import Reporter, event_fields
 from .resolver import Resolver
 from .resync import Housekeeping
 from .rules import RuleSettings, Rules, result_hash  # noqa: F401  (result_hash: used by tools/tests)
+from .unchained import UnchainedPods
 from .writer import Writer
 
 
@@ -54,6 +55,8 @@ class Settings:
     retry_base: float = 0.2
     retry_cap: float = 5.0
     emit_events: bool = True
+    driver_names: tuple[str, ...] = ()  # netclaim's drivers: pods started while unchained are reported
+    unchained_grace: float = 30.0
 
 
 class Service:
@@ -71,6 +74,9 @@ class Service:
                                     enabled=settings.emit_events)
         self.report = Reporter(metrics, self.events)
         self.pods = PodCache(kube, settings.node_name, self.stopping)
+        self.unchained = UnchainedPods(kube, settings.driver_names, self.events.warn, self._attached_pods,
+                                       self.journal.oldest_received, metrics, settings.unchained_grace)
+        self.pods.observers.append(self.unchained.observe)
         self.resolver = Resolver(kube, settings.node_name, self.pods)
         self.writer = Writer(kube, settings.node_name, self.stopping, metrics.apply_skips.inc,
                              settings.retry_base, settings.retry_cap,
@@ -123,6 +129,8 @@ class Service:
         for shard in range(self.settings.workers):
             self._spawn(f"worker-{shard}", lambda s=shard: self._worker(s))
         self._spawn("housekeeping", self.housekeeping.run)
+        if self.unchained.enabled:
+            self._spawn("unchained", lambda: self.unchained.run(self.stopping))
         self.started = True
 
     def _spawn(self, name: str, body: Callable[[], None]) -> None:
@@ -198,8 +206,15 @@ class Service:
                 self.health.beat(name)
             self._gauges()
 
+    def _attached_pods(self) -> set[str]:
+        """Pod UIDs with an attachment in the journal (publisher/unchained.py asks only for suspects)."""
+        return {a.pod_uid for a in self.journal.all_attachments()}
+
     def _handle(self, pending: Pending) -> None:
         """One event; a failure is reported and the event kept or dropped, never the worker."""
+        event = pending.event
+        if event.op in ("ADD", "CHECK") and event.pod is not None:
+            self.unchained.saw_add(event.pod.uid, event.pod.namespace, event.pod.name)
         try:
             self.rules.process(pending)
             self.health.clear("journal")  # the event's outcome was committed: the journal works

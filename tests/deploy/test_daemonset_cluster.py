@@ -40,6 +40,7 @@ pytestmark = pytest.mark.containerd
 VERSION = cni_plugin.__version__
 NEXT = f"{VERSION}-next"
 RELEASE = "netclaim"
+CNI_CACHE = "/var/lib/cni"  # libcni's cache (containerd writes it there whatever its config says)
 NAMESPACE = "netclaim-system"
 
 
@@ -219,3 +220,167 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
     assert after == before
     for d in (files.run, files.state):
         assert not d.exists() or list(d.iterdir()) == [], sorted(d.iterdir())
+
+
+# ---------------------------------------------------------------- issue 18 item 3: uninstall only on proof
+
+
+class ChainWatch:
+    """Looks at the node every 50 ms while the test hurts the keeper: was netclaim ever out of the chain,
+    was the plugin ever missing? (What a pod started at that moment would have suffered.)"""
+
+    def __init__(self, files: NodeFiles) -> None:
+        import threading
+
+        self.files = files
+        self.lapses: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.05):
+            if not self.files.chained(self.files.conflist):
+                self.lapses.append("netclaim out of the primary conflist")
+            if not (self.files.bin / "netclaim").is_file():
+                self.lapses.append("plugin executable missing")
+
+    def __enter__(self) -> "ChainWatch":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def keeper_container(cluster: RealCluster) -> str:
+    ids = cluster.crictl("ps", "--name", "^chain-keeper$", "--state", "running", "-q").split()
+    return ids[0] if len(ids) == 1 else ""
+
+
+def sigterm_keeper(cluster: RealCluster) -> str:
+    """SIGTERM to the chain keeper (the kubelet restarts it in the same pod); its decision, once it runs again."""
+    old = wait_until(lambda: keeper_container(cluster), "the chain keeper to run", timeout=120)
+    cluster.crictl("stop", "--timeout", "40", old)
+    wait_until(lambda: (lambda c: c and c != old)(keeper_container(cluster)), "the chain keeper to be restarted",
+               timeout=180)
+    env = {**os.environ, "CONTAINER_RUNTIME_ENDPOINT": cluster.values["CONTAINER_RUNTIME_ENDPOINT"]}
+    logs = subprocess.run([cluster.values["NETCLAIM_CRICTL"], "logs", old], env=env, capture_output=True, text=True,
+                          timeout=60)  # the keeper logs on stderr, which crictl gives back on stderr
+    said = [line for line in (logs.stdout + logs.stderr).splitlines() if '"uninstall or not"' in line]
+    return said[-1] if said else "(no decision logged)"
+
+
+def service_account(cluster: RealCluster) -> str:
+    return daemonset_pod(cluster)["spec"]["serviceAccountName"]
+
+
+def can_i(cluster: RealCluster, verb: str, what: str, account: str) -> bool:
+    out = cluster.kubectl("auth", "can-i", verb, what, "-n", NAMESPACE, f"--as=system:serviceaccount:{NAMESPACE}:"
+                          f"{account}", check=False)
+    return out.strip() == "yes"
+
+
+def test_issue18_item3_refused_credentials_keep_the_node_and_uninstall_cleans_it(cluster: RealCluster,
+                                                                                  images: dict[str, str]) -> None:
+    """401 (ServiceAccount re-created during an upgrade), 403 (the keeper's RoleBinding gone) and an API
+    server that is down on SIGTERM keep netclaim chained, the plugin and the journal; `helm uninstall`
+    still puts the conflist back byte for byte although the keeper's credentials die with the release,
+    and keeps the plugin while a running pod's cached config still runs it."""
+    files = NodeFiles(cluster)
+    before = files.snapshot()
+    assert not files.chained(files.conflist), "netclaim must not be installed before the chart"
+    port = free_port()
+    kubeconfig = cluster.kubeconfig
+    ns = cluster.namespace(f"i3-{uuid.uuid4().hex[:6]}")
+    helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
+         *helm_values(files, cluster, VERSION, port), "--wait", "--timeout", "300s", kubeconfig=kubeconfig, timeout=400)
+    wait_until(lambda: files.chained(files.conflist), "netclaim chained into the primary conflist")
+    pod_gets_status(cluster, ns, "a")
+    journal = files.state / "publisher" / "journal.db"
+    inode = journal.stat().st_ino
+    keeper_said = ""
+    try:
+        with ChainWatch(files) as watch:
+            # 403: the keeper's Role binding is gone (RBAC being replaced, an authorizer not synced yet).
+            binding = json.loads(cluster.kubectl("get", "rolebinding", f"{RELEASE}-chain-keeper", "-n", NAMESPACE,
+                                                 "-o", "json"))
+            account = service_account(cluster)
+            assert can_i(cluster, "get", f"daemonsets/{RELEASE}", account)
+            cluster.kubectl("delete", "rolebinding", f"{RELEASE}-chain-keeper", "-n", NAMESPACE)
+            wait_until(lambda: not can_i(cluster, "get", f"daemonsets/{RELEASE}", account),
+                       "the keeper's grant to be gone")
+            decisions = [sigterm_keeper(cluster)]
+            for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields"):
+                binding["metadata"].pop(key, None)
+            cluster.kubectl("create", "-f", "-", stdin=json.dumps(binding))
+
+            # The API server down while the keeper is stopped: no answer proves nothing either.
+            cluster.sh("apiserver-stop")
+            try:
+                decisions.append(sigterm_keeper(cluster))
+            finally:
+                cluster.sh("apiserver-start")
+
+            # 401: the ServiceAccount is re-created by an upgrade (the old pod's token dies with the old one).
+            old_pod = daemonset_pod(cluster)["metadata"]["uid"]
+            cluster.kubectl("delete", "serviceaccount", account, "-n", NAMESPACE)
+            helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *helm_values(files, cluster, NEXT, port),
+                 "--wait", "--timeout", "300s", kubeconfig=kubeconfig, timeout=400)
+            wait_until(lambda: (lambda p: p and p["metadata"]["uid"] != old_pod
+                                and p["status"].get("phase") == "Running")(daemonset_pod(cluster)),
+                       "the upgraded pod", timeout=180)
+        assert watch.lapses == [], sorted(set(watch.lapses))
+        # What the keeper said on each SIGTERM: asked, got 403 / no answer, kept the node.
+        assert '"owner":"unknown"' in decisions[0] and "get: 403" in decisions[0], decisions[0]
+        assert '"owner":"unknown"' in decisions[1], decisions[1]
+        assert journal.stat().st_ino == inode  # the journal was never emptied
+        assert pod_gets_status(cluster, ns, "b")["networkData"]["ips"]
+        cluster.delete_pod(ns, "b")
+    finally:
+        logs = sorted(Path(cluster.dir).glob(f"pod-logs/{NAMESPACE}_*/chain-keeper/*.log"),
+                      key=lambda p: p.stat().st_mtime)
+        keeper_log = logs[-1].open("rb") if logs else None
+        # Uninstall with pod "a" still running: the keeper's token dies with the release.
+        helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "180s", kubeconfig=kubeconfig,
+             check=False, timeout=240)
+        wait_until(lambda: not daemonset_pod(cluster), "the DaemonSet's pod to be gone", timeout=180)
+        keeper_said = keeper_log.read().decode(errors="replace")[-4000:] if keeper_log else "(no log)"
+        print(keeper_said)
+
+    after = files.snapshot()
+    assert after["conf"] == before["conf"], keeper_said  # every conflist byte for byte
+    for d in (files.run, files.state):
+        assert not d.exists() or list(d.iterdir()) == [], sorted(d.iterdir())
+    # Pod "a"'s sandbox was created with netclaim in its chain: the runtime's cached config still runs it.
+    assert (files.bin / "netclaim").is_file(), keeper_said
+    assert (files.bin / ".netclaim-retired").is_file(), keeper_said
+    # Its teardown as CRI-O does it, with that cached config: the kept executable's DEL exits 0, prints
+    # nothing and leaves nothing on the uninstalled node.
+    proc = cached_del(files, cluster.sandbox(ns, "a")["id"], ns, "a")
+    assert (proc.returncode, proc.stdout) == (0, b""), proc.stderr
+    for d in (files.run, files.state):
+        assert not d.exists() or list(d.iterdir()) == [], sorted(d.iterdir())
+    cluster.delete_pod(ns, "a")
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "netclaim-publisher"), "chain-keeper", "--uninstall",
+                           f"--cni-conf-dir={files.conf}", f"--cni-bin-dir={files.bin}",
+                           f"--plugin-socket={files.run}/publisher.sock", "--log-format=text"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert files.snapshot() == before, proc.stderr  # the hand path removes it once nobody can run it
+
+
+def cached_del(files: NodeFiles, container_id: str, ns: str, pod: str) -> subprocess.CompletedProcess[bytes]:
+    """Run the installed plugin's DEL with the config libcni cached at the sandbox's ADD (CRI-O's teardown)."""
+    import base64
+
+    [cache] = Path(CNI_CACHE, "results").glob(f"*-{container_id}-eth0")
+    cached = json.loads(cache.read_bytes())
+    conflist = json.loads(base64.b64decode(cached["config"]))
+    [entry] = [p for p in conflist["plugins"] if p["type"] == "netclaim"]
+    stdin = json.dumps({**entry, "name": conflist["name"], "cniVersion": conflist["cniVersion"]}).encode()
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": container_id, "CNI_NETNS": "", "CNI_IFNAME": "eth0",
+           "CNI_PATH": str(files.bin), "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={pod}",
+           "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    return subprocess.run([str(files.bin / "netclaim")], input=stdin, env=env, capture_output=True, timeout=60)

@@ -253,19 +253,73 @@ def metrics_text(port: int) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
 
 
-@pytest.mark.controlplane
-def test_chain_keeper_reads_its_daemonset_under_the_shipped_role(node_a) -> None:
-    """present -> keep the node (upgrade); deleted -> clean it (uninstall); never a 403 before that."""
-    from publisher.chainkeeper import owner_state
+def keeper_kube(node_a: dict[str, Any]) -> tuple[Any, list[tuple[str, str]], dict[str, Any]]:
+    """The keeper's API client with the shipped role's token, every call recorded; and its DaemonSet."""
     from publisher.kube import Kube, load_client
 
     [ds] = by_kind(node_a["docs"], "DaemonSet")
-    api_client = load_client(node_a["kubeconfig"])
     calls: list[tuple[str, str]] = []
-    kube = Kube(api_client, lambda verb, code: calls.append((verb, code)))
-    ask = lambda: kube.get_daemonset(node_a["ns"], ds["metadata"]["name"])  # noqa: E731
-    assert owner_state(ask) == "present"
-    delete_object(node_a["dyn"], ds)
-    assert owner_state(ask) == "gone"
-    assert calls == [("get", "200"), ("get", "404")]
-    api_client.close()
+    return Kube(load_client(node_a["kubeconfig"], 3), lambda verb, code: calls.append((verb, code))), calls, ds
+
+
+@pytest.mark.controlplane
+def test_issue18_item3_keeper_watches_its_daemonset_under_the_shipped_role(node_a) -> None:
+    """Present -> keep the node (upgrade); deleted -> the watch sees it and the node is cleaned; never a 403."""
+    from publisher.ownerwatch import OwnerWatch
+
+    kube, calls, ds = keeper_kube(node_a)
+    owner = OwnerWatch(kube, node_a["ns"], ds["metadata"]["name"])
+    owner.start()
+    try:
+        wait_for(lambda: owner.observation().state == "present", "the keeper to see its DaemonSet")
+        assert owner.decide(within=3, pause=0.2) == "present"
+        owner = OwnerWatch(kube, node_a["ns"], ds["metadata"]["name"])
+        owner.start()
+        wait_for(lambda: calls.count(("watch", "200")) >= 2, "the second watch to be open")
+        delete_object(node_a["dyn"], ds)
+        wait_for(lambda: owner.observation().evidence == "watch: DELETED", "the watch to deliver the deletion")
+        assert owner.decide(within=3, pause=0.2) == "gone"
+    finally:
+        owner.stop()
+    assert {verb for verb, _ in calls} == {"list", "watch", "get"}
+    assert not [c for c in calls if c[1] in ("401", "403")], calls
+
+
+@pytest.mark.controlplane
+def test_issue18_item3_refused_token_is_no_proof_of_uninstall(node_a) -> None:
+    """The keeper's Role gone (RBAC replaced, an authorizer not synced yet): 403 keeps the node; a
+    deletion seen by the watch opened before the Role went is still proof (what helm uninstall does)."""
+    from publisher.ownerwatch import OwnerWatch
+
+    kube, calls, ds = keeper_kube(node_a)
+    [binding] = [d for d in by_kind(node_a["docs"], "RoleBinding")]
+    owner = OwnerWatch(kube, node_a["ns"], ds["metadata"]["name"])
+    owner.start()
+    try:
+        wait_for(lambda: ("watch", "200") in calls, "the watch to be open")
+        delete_object(node_a["dyn"], binding)
+        wait_for(lambda: kube_refuses(kube, node_a["ns"], ds["metadata"]["name"]), "the Role's grant to be gone")
+        assert owner.decide(within=2, pause=0.2) == "unknown"  # seen present, then only 403s: keep the node
+        refused = OwnerWatch(kube, node_a["ns"], ds["metadata"]["name"])  # never saw it: only 403s
+        assert refused.decide(within=2, pause=0.2) == "unknown"
+        # helm uninstall: the watch is open, then the RBAC goes, then the DaemonSet.
+        owner = OwnerWatch(kube, node_a["ns"], ds["metadata"]["name"])
+        apply_object(node_a["dyn"], binding, "netclaim-rbac-test", dry_run=False)
+        wait_for(lambda: not kube_refuses(kube, node_a["ns"], ds["metadata"]["name"]), "the grant to be back")
+        owner.start()
+        wait_for(lambda: owner.observation().state == "present", "the keeper to see its DaemonSet")
+        wait_for(lambda: calls.count(("watch", "200")) >= 2, "the second watch to be open")
+        delete_object(node_a["dyn"], binding)
+        wait_for(lambda: kube_refuses(kube, node_a["ns"], ds["metadata"]["name"]), "the Role's grant to be gone")
+        delete_object(node_a["dyn"], ds)
+        wait_for(lambda: owner.observation().state == "gone", "the open watch to deliver the deletion")
+        assert owner.decide(within=2, pause=0.2) == "gone"
+    finally:
+        owner.stop()
+    assert ("get", "403") in calls
+
+
+def kube_refuses(kube: Any, namespace: str, name: str) -> bool:
+    from publisher.ownerwatch import ask_once
+
+    return ask_once(lambda: kube.get_daemonset(namespace, name)).evidence.startswith("get: 403")
