@@ -38,7 +38,6 @@ the Role's `resourceNames` because the name is in the field selector.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from typing import Any, Callable
 from . import logs
 from .clock import node_seconds
 from .kube import ApiError, Kube, NotFound
+from .listwatch import events, follow
 
 PRESENT = "present"
 GONE = "gone"
@@ -136,21 +136,10 @@ class OwnerWatch:
     # ------------------------------------------------------------ the watch
 
     def _run(self) -> None:
-        delay = 1.0
-        while not self.stopping.is_set():
-            try:
-                rv = self._relist()
-                delay = 1.0
-                while rv and not self.stopping.is_set():
-                    rv = self._watch(rv)
-            except ApiError as exc:
-                # Refused or unreachable: the last observation stands (it is never downgraded to unknown).
-                self.log.info("own DaemonSet watch failed; keeping the last observation",
-                              extra={"code": exc.code, "error": exc.message[:300]})
-            except Exception as exc:  # noqa: BLE001 - a broken stream: list again
-                self.log.info("own DaemonSet watch interrupted", extra={"error": f"{type(exc).__name__}: {exc}"})
-            self.stopping.wait(delay)
-            delay = min(delay * 2, 30.0)
+        # Refused or unreachable: the last observation stands (it is never downgraded to unknown).
+        follow(self.stopping, self._relist, self._watch, lambda exc: self.log.info(
+            "own DaemonSet watch failed; keeping the last observation",
+            extra={"error": f"{type(exc).__name__}: {exc}"[:300]}))
 
     def _relist(self) -> str:
         page = self.kube.list_daemonset(self.namespace, self.name)
@@ -159,35 +148,17 @@ class OwnerWatch:
         return (page.get("metadata") or {}).get("resourceVersion", "")
 
     def _watch(self, rv: str) -> str:
-        """Follow the watch until it ends; the resourceVersion to go on from, or '' to list again."""
+        """Follow the watch until it ends; the resourceVersion to go on from."""
         resp = self.kube.watch_daemonset(self.namespace, self.name, rv, WATCH_TIMEOUT)
-        buf = b""
-        try:
-            for chunk in resp.stream(65536):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        rv = self._event(json.loads(line), rv)
-                        if not rv:
-                            return ""
-                if self.stopping.is_set():
-                    break
-        finally:
-            resp.release_conn()
+        for kind, obj, version in events(resp, self.stopping):
+            rv = version or rv
+            meta = obj.get("metadata") or {}
+            if kind != "BOOKMARK" and meta.get("name") == self.name:
+                if kind == "DELETED":
+                    self._see(Observation(GONE, meta.get("uid", ""), "watch: DELETED"))
+                else:
+                    self._see(observe(obj, f"watch: {kind}"))
         return rv
-
-    def _event(self, ev: dict[str, Any], rv: str) -> str:
-        kind, obj = ev.get("type"), ev.get("object") or {}
-        if kind == "ERROR":
-            return ""  # 410 Gone and friends: list again
-        meta = obj.get("metadata") or {}
-        if kind != "BOOKMARK" and meta.get("name") == self.name:
-            if kind == "DELETED":
-                self._see(Observation(GONE, meta.get("uid", ""), "watch: DELETED"))
-            else:
-                self._see(observe(obj, f"watch: {kind}"))
-        return meta.get("resourceVersion") or rv
 
     # ------------------------------------------------------------ SIGTERM
 

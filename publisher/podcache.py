@@ -22,13 +22,13 @@ deleted; they run on the watch thread and must be O(1) and never block.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
 from . import limits, logs
-from .kube import ApiError, Kube, NotFound
+from .kube import Kube, NotFound
+from .listwatch import events, follow
 from .resolver import PodInfo, pod_info
 
 
@@ -122,23 +122,8 @@ class PodCache:
         return len(self._pods)
 
     def _run(self) -> None:
-        delay = 1.0
-        while not self.stopping.is_set():
-            try:
-                rv = self._relist()
-                delay = 1.0
-                while not self.stopping.is_set():
-                    rv = self._watch(rv)
-                    if rv is None:
-                        break  # expired: relist
-            except ApiError as exc:
-                self.log.warning("pod watch failed, relisting", extra={"error": str(exc)})
-                self.stopping.wait(delay)
-                delay = min(delay * 2, 30.0)
-            except Exception as exc:  # a broken stream: start over
-                self.log.warning("pod watch interrupted, relisting", extra={"error": f"{type(exc).__name__}: {exc}"})
-                self.stopping.wait(delay)
-                delay = min(delay * 2, 30.0)
+        follow(self.stopping, self._relist, self._watch, lambda exc: self.log.warning(
+            "pod watch failed, relisting", extra={"error": f"{type(exc).__name__}: {exc}"}))
 
     def _relist(self) -> str:
         pods: dict[tuple[str, str], PodInfo] = {}
@@ -163,35 +148,18 @@ class PodCache:
         self.synced.set()
         return meta.get("resourceVersion", "")
 
-    def _watch(self, rv: str) -> str | None:
-        resp = self.kube.watch_pods_on_node(self.node_name, rv)
-        buf = b""
-        try:
-            for chunk in resp.stream(65536):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    ev = json.loads(line)
-                    obj = ev.get("object") or {}
-                    kind = ev.get("type")
-                    if kind == "ERROR":
-                        return None  # 410 Gone and friends: relist
-                    meta = obj.get("metadata") or {}
-                    rv = meta.get("resourceVersion", rv)
-                    if kind == "BOOKMARK":
-                        continue
-                    key = (meta.get("namespace", ""), meta.get("name", ""))
-                    with self._changed:
-                        if kind == "DELETED":
-                            self._deleted(key)
-                        else:
-                            self._pods[key] = pod_info(obj)
-                            self._show(obj, key)
-                        self._changed.notify_all()
-                if self.stopping.is_set():
-                    break
-        finally:
-            resp.release_conn()
+    def _watch(self, rv: str) -> str:
+        for kind, obj, version in events(self.kube.watch_pods_on_node(self.node_name, rv), self.stopping):
+            rv = version or rv
+            if kind == "BOOKMARK":
+                continue
+            meta = obj.get("metadata") or {}
+            key = (meta.get("namespace", ""), meta.get("name", ""))
+            with self._changed:
+                if kind == "DELETED":
+                    self._deleted(key)
+                else:
+                    self._pods[key] = pod_info(obj)
+                    self._show(obj, key)
+                self._changed.notify_all()
         return rv

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +77,22 @@ __all__ = [
     "run_install",
     "suffix",
 ]
+
+
+def own_cluster(env_var: str, default_dir: str) -> Iterator[Any]:
+    """A real cluster in a directory of its own for one test module (`up` is a no-op when it is up
+    already), brought down afterwards unless NETCLAIM_CLUSTER_KEEP; a cluster that cannot start
+    fails the module with the reason."""
+    import pytest
+    from runtime.realcluster import ClusterError, RealCluster
+
+    if os.geteuid() != 0:
+        pytest.fail("the real cluster needs root", pytrace=False)
+    directory = os.environ.get(env_var, default_dir)
+    try:
+        real = RealCluster.up(directory, {**os.environ, "NETCLAIM_CLUSTER_DIR": directory})
+    except ClusterError as exc:
+        pytest.fail(f"the real cluster could not start: {exc}", pytrace=False)
+    yield real
+    if not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
+        real.down()

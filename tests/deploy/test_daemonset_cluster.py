@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,10 +31,10 @@ import pytest
 
 import cni_plugin
 from chartlib import CHART, helm
-from deploylib import REPO
+from deploylib import REPO, own_cluster
 
 sys.path.insert(0, str(REPO / "scripts"))
-from runtime.realcluster import ClusterError, RealCluster, entries_of, ready_status, wait_until  # noqa: E402
+from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.containerd
 
@@ -46,17 +47,26 @@ NAMESPACE = "netclaim-system"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RealCluster]:
-    """This test's own cluster dir (`up` is a no-op when it is already up); down unless NETCLAIM_CLUSTER_KEEP."""
-    if os.geteuid() != 0:
-        pytest.fail("the real cluster needs root", pytrace=False)
-    directory = os.environ.get("NETCLAIM_DEPLOY_CLUSTER_DIR", "/tmp/nc-cl-deploy")
+    yield from own_cluster("NETCLAIM_DEPLOY_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-cl-deploy"))
+
+
+def uninstall_release(cluster: RealCluster, kubeconfig: str, tail: int) -> str:
+    """`helm uninstall`, waiting for the DaemonSet's pod to be gone; the end of the keeper's log.
+
+    The log file is opened before: the kubelet deletes it with the pod."""
+    logs = sorted(Path(cluster.dir).glob(f"pod-logs/{NAMESPACE}_*/chain-keeper/*.log"),
+                  key=lambda p: p.stat().st_mtime)
+    keeper_log = logs[-1].open("rb") if logs else None
     try:
-        real = RealCluster.up(directory, {**os.environ, "NETCLAIM_CLUSTER_DIR": directory})
-    except ClusterError as exc:
-        pytest.fail(f"the real cluster could not start: {exc}", pytrace=False)
-    yield real
-    if not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
-        real.down()
+        helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "180s", kubeconfig=kubeconfig,
+             check=False, timeout=240)
+        wait_until(lambda: not daemonset_pod(cluster), "the DaemonSet's pod to be gone", timeout=180)
+        said = keeper_log.read().decode(errors="replace")[-tail:] if keeper_log else "(no log)"
+    finally:
+        if keeper_log:
+            keeper_log.close()
+    print(said)
+    return said
 
 
 def build_image(tag: str) -> str:
@@ -202,15 +212,7 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
         for name in ("a", "b", "c", "d"):
             cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=true", "--timeout=120s", check=False,
                             timeout=180)
-        # The keeper's log, kept open: the kubelet deletes the file with the pod.
-        logs = sorted(Path(cluster.dir).glob(f"pod-logs/{NAMESPACE}_*/chain-keeper/*.log"),
-                      key=lambda p: p.stat().st_mtime)
-        keeper_log = logs[-1].open("rb") if logs else None
-        helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "180s", kubeconfig=kubeconfig,
-             check=False, timeout=240)
-        wait_until(lambda: not daemonset_pod(cluster), "the DaemonSet's pod to be gone", timeout=180)
-        keeper_said = keeper_log.read().decode(errors="replace")[-3000:] if keeper_log else "(no log)"
-        print(keeper_said)
+        keeper_said = uninstall_release(cluster, kubeconfig, 3000)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
     # Uninstall left the node as it was before the install.
@@ -338,15 +340,8 @@ def test_issue18_item3_refused_credentials_keep_the_node_and_uninstall_cleans_it
         assert pod_gets_status(cluster, ns, "b")["networkData"]["ips"]
         cluster.delete_pod(ns, "b")
     finally:
-        logs = sorted(Path(cluster.dir).glob(f"pod-logs/{NAMESPACE}_*/chain-keeper/*.log"),
-                      key=lambda p: p.stat().st_mtime)
-        keeper_log = logs[-1].open("rb") if logs else None
         # Uninstall with pod "a" still running: the keeper's token dies with the release.
-        helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "180s", kubeconfig=kubeconfig,
-             check=False, timeout=240)
-        wait_until(lambda: not daemonset_pod(cluster), "the DaemonSet's pod to be gone", timeout=180)
-        keeper_said = keeper_log.read().decode(errors="replace")[-4000:] if keeper_log else "(no log)"
-        print(keeper_said)
+        keeper_said = uninstall_release(cluster, kubeconfig, 4000)
 
     after = files.snapshot()
     assert after["conf"] == before["conf"], keeper_said  # every conflist byte for byte

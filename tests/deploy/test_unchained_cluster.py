@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from deploylib import REPO
+from deploylib import REPO, own_cluster
 
 sys.path.insert(0, str(REPO / "scripts"))
-from runtime.realcluster import (ClusterError, RealCluster, cluster_sh, entries_of, ready_status,  # noqa: E402
+from runtime.realcluster import (RealCluster, cluster_sh, entries_of, ready_status,  # noqa: E402
                                  wait_until)
 
 pytestmark = pytest.mark.containerd
@@ -40,16 +40,7 @@ REASON = "NetclaimNotChained"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RealCluster]:
-    if os.geteuid() != 0:
-        pytest.fail("the real cluster needs root", pytrace=False)
-    directory = os.environ.get("NETCLAIM_UNCHAINED_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-cl-unch"))
-    try:
-        real = RealCluster.up(directory, {**os.environ, "NETCLAIM_CLUSTER_DIR": directory})
-    except ClusterError as exc:
-        pytest.fail(f"the real cluster could not start: {exc}", pytrace=False)
-    yield real
-    if not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
-        real.down()
+    yield from own_cluster("NETCLAIM_UNCHAINED_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-cl-unch"))
 
 
 def without_netclaim(raw: bytes) -> bytes:
