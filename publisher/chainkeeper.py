@@ -74,9 +74,9 @@ from .conflist import (
     network_files,
     uninstall,
 )
+from cni_plugin.main import RETIRED_MARKER  # beside the executable: its DEL and GC do nothing
 
 PLUGIN_NAME = "netclaim"
-RETIRED_MARKER = ".netclaim-retired"  # cni_plugin/main.py: DEL and GC of a kept executable do nothing
 # Seconds to keep asking for the DaemonSet on SIGTERM (the chart's grace period is 30).
 DECIDE_WITHIN = 15.0
 # Seconds between unchaining and removing the plugin: the runtimes reload the conf dir on an

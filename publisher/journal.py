@@ -141,10 +141,6 @@ class Journal:
                 self._ckpt.execute("PRAGMA busy_timeout=0")
             self._ckpt.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
-    def durability(self) -> dict[str, int]:
-        """Commits and the fsyncs that made them durable (group commit at work)."""
-        return {"fsyncs": self._sync.fsyncs}
-
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         """One query on the read connection (fully fetched: no read transaction stays open)."""
         if not self._rlock.acquire(timeout=limits.JOURNAL_READ_WAIT):

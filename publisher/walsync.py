@@ -41,7 +41,6 @@ class GroupSync:
         self._syncing = False
         self._fd = -1
         self.syncing_since = 0.0  # node time the fsync in flight began (0: none), for liveness
-        self.fsyncs = 0  # for tests and figures: how many commits shared each fsync
 
     def committed(self) -> None:
         """Called right after each COMMIT, under the journal's write slot (so in commit order)."""
@@ -74,7 +73,6 @@ class GroupSync:
             self._syncing, self.syncing_since = False, 0.0
             self._cond.notify_all()
         self._synced = max(self._synced, target)
-        self.fsyncs += 1
 
     def _fsync(self) -> None:
         """fsync the WAL; with no WAL (all checkpointed and removed) the database file itself."""
