@@ -6,6 +6,11 @@
 #
 #   scripts/cluster.sh up                  start everything (no-op when up); the node's CNI chain is the
 #                                          primary network only (bridge + host-local), netclaim NOT installed
+#   scripts/cluster.sh up --nodes N        one control plane and N nodes (each its own kubelet, containerd,
+#                                          DRA driver, node IP, bridge, pod /24, cgroup root, mount namespace;
+#                                          kubelets serve logs/exec/port-forward on their node IP); `env` then
+#                                          lists the nodes (NETCLAIM_NODES, NETCLAIM_NODE<i>_*); per node:
+#   scripts/cluster.sh node NAME|I kubelet-stop|kubelet-start|containerd-stop|containerd-start|stop|start
 #   scripts/cluster.sh env                 shell exports: KUBECONFIG, CONTAINER_RUNTIME_ENDPOINT, NETCLAIM_*
 #   scripts/cluster.sh status              what runs
 #   scripts/cluster.sh down                stop everything `up` started and leave the host as it was
@@ -73,14 +78,18 @@ STATE="$DIR/cluster.env"
 SYSCTLS=(vm.overcommit_memory:1 vm.panic_on_oom:0 kernel.panic:10 kernel.panic_on_oops:1
          kernel.keys.root_maxkeys:1000000 kernel.keys.root_maxbytes:25000000)
 
+KCM_EXTRA_ARGS=()           # kube-controller-manager flags a multi-node cluster adds
 export NETCLAIM_CP_DIR="$CP_DIR" NETCLAIM_CP_NODES="$NODE" NETCLAIM_CP_CLUSTER=1
 
 
 # The body lives in scripts/harness/cluster/, one file per part of the node.
-for part in common host node controllers netclaim lifecycle; do
+for part in common host node controllers netclaim lifecycle nodes; do
     # shellcheck source=/dev/null
     source "$HERE/harness/cluster/$part.sh"
 done
+
+# `up --nodes N` and every command on a cluster it started: scripts/harness/cluster/nodes.sh.
+if wants_multi_node "$@"; then multi_node_main "$@"; exit; fi
 
 case "${1:-}" in
     up) cmd_up ;;

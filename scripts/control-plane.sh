@@ -17,6 +17,9 @@
 #   NETCLAIM_CP_NODES="n1 n2"   more static node identities (system:node:<name>, group system:nodes)
 #   NETCLAIM_CP_CLUSTER=1       the ServiceAccount admission plugin on (pods get projected tokens; needs
 #                               kube-controller-manager's serviceaccount controller to run)
+# kube-apiserver reaches kubelets (logs, exec, port-forward) on their InternalIP with the client
+# certificate pki/kubelet-client.crt (user kube-apiserver-kubelet-client) and verifies their serving
+# certificates against pki/ca.crt (which signs them: scripts/cluster.sh up --nodes N).
 # Identities for kube-scheduler and kube-controller-manager (system:kube-scheduler,
 # system:kube-controller-manager, bound by the bootstrap RBAC roles) always exist, with kubeconfigs
 # scheduler.kubeconfig and controller-manager.kubeconfig.
@@ -60,6 +63,13 @@ make_pki() {
     printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n' >"$pki/san.ext"
     openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
         -CAcreateserial -days 3650 -extfile "$pki/san.ext" -out "$pki/apiserver.crt" 2>/dev/null
+    # kube-apiserver's client certificate for the kubelets (logs, exec, port-forward): a user of its
+    # own, given the kubelet API through RBAC (system:kubelet-api-admin), never system:masters.
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver-kubelet-client" \
+        -keyout "$pki/kubelet-client.key" -out "$pki/kubelet-client.csr" 2>/dev/null
+    printf 'extendedKeyUsage=clientAuth\n' >"$pki/client.ext"
+    openssl x509 -req -in "$pki/kubelet-client.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
+        -CAcreateserial -days 3650 -extfile "$pki/client.ext" -out "$pki/kubelet-client.crt" 2>/dev/null
     openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
     openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
     chmod 600 "$pki"/*.key
@@ -148,6 +158,8 @@ start_apiserver() {
         --api-audiences https://kubernetes.default.svc \
         --service-cluster-ip-range 10.96.0.0/24 \
         --enable-admission-plugins NodeRestriction \
+        --kubelet-client-certificate "$DIR/pki/kubelet-client.crt" --kubelet-client-key "$DIR/pki/kubelet-client.key" \
+        --kubelet-certificate-authority "$DIR/pki/ca.crt" --kubelet-preferred-address-types InternalIP \
         "${SA_ADMISSION[@]}" \
         --allow-privileged=true \
         --endpoint-reconciler-type none \

@@ -13,10 +13,11 @@ save_var() { printf '%s=%q\n' "$1" "${!1}" >>"$STATE"; }
 kc() { "$KUBECTL" --kubeconfig "$CP_DIR/admin.kubeconfig" "$@"; }
 ctr_() { "$CTR" --address "$CTD/containerd.sock" -n k8s.io "$@"; }
 
-# start NAME CMD...: a detached process with its log and pid file under $DIR.
+# start NAME CMD...: a detached process with its log and pid file under $DIR (in the mount
+# namespace $NODE_NS when a node of a multi-node cluster sets it; nsenter execs, so the pid stays).
 start() {
     local name="$1"; shift
-    setsid "$@" </dev/null >>"$DIR/$name.log" 2>&1 9>&- &
+    setsid ${NODE_NS:+nsenter "--mount=$NODE_NS" --} "$@" </dev/null >>"$DIR/$name.log" 2>&1 9>&- &
     echo $! >"$DIR/$name.pid"
 }
 

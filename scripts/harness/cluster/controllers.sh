@@ -8,7 +8,7 @@ start_kcm() {
     start kube-controller-manager "$KCM" --kubeconfig "$CP_DIR/controller-manager.kubeconfig" \
         --use-service-account-credentials=true --leader-elect=false --secure-port=0 \
         --root-ca-file "$CP_DIR/pki/ca.crt" --service-account-private-key-file "$CP_DIR/pki/sa.key" \
-        --flex-volume-plugin-dir "$DIR/flex" -v=2
+        --flex-volume-plugin-dir "$DIR/flex" -v=2 "${KCM_EXTRA_ARGS[@]}"
 }
 
 start_scheduler() {
