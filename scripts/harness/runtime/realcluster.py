@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import yaml
 
+from .clusternode import ClusterNode
+
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER_SH = REPO / "scripts" / "cluster.sh"
 PAUSE_IMAGE = "netclaim.local/pause:e2e"
@@ -62,10 +64,11 @@ class RealCluster:
     env: dict[str, str] = field(repr=False)
 
     @classmethod
-    def up(cls, directory: str, base_env: dict[str, str] | None = None) -> "RealCluster":
+    def up(cls, directory: str, base_env: dict[str, str] | None = None, nodes: int = 0) -> "RealCluster":
+        """`cluster.sh up` (one node), or `up --nodes N` when nodes is given."""
         env = dict(base_env or os.environ)
         env["NETCLAIM_CLUSTER_DIR"] = directory
-        values = parse_env(cluster_sh("up", env=env))
+        values = parse_env(cluster_sh("up", *(["--nodes", str(nodes)] if nodes else []), env=env))
         return cls(directory, values, env)
 
     def sh(self, *args: str, timeout: float = 600) -> str:
@@ -79,6 +82,26 @@ class RealCluster:
     @property
     def node(self) -> str:
         return self.values["NETCLAIM_NODE"]
+
+    # ------------------------------------------------------------------ a multi-node cluster (up --nodes N)
+
+    @property
+    def nodes(self) -> list[ClusterNode]:
+        """Every node of a multi-node cluster, in index order (empty for the single-node cluster)."""
+        count = int(self.values.get("NETCLAIM_NODE_COUNT", "0"))
+        return [ClusterNode.from_env(self.values, i) for i in range(1, count + 1)]
+
+    def node_named(self, name: str) -> ClusterNode:
+        (node,) = [n for n in self.nodes if n.name == name]
+        return node
+
+    def pod_node(self, namespace: str, pod: str) -> ClusterNode:
+        """The node the pod runs on (spec.nodeName)."""
+        return self.node_named(self.get("pod", pod, namespace)["spec"]["nodeName"])
+
+    def node_sh(self, node: ClusterNode, *args: str, timeout: float = 300) -> str:
+        """`cluster.sh node I COMMAND...` for one node's components."""
+        return self.sh("node", str(node.index), *args, timeout=timeout)
 
     @property
     def driver(self) -> str:
