@@ -1,11 +1,7 @@
-"""What tests/cluster/test_multinode.py builds on: the 3-node cluster with the chart's DaemonSet, workloads, checks.
+"""What tests/cluster/test_multinode.py builds on: workloads spread over the nodes and the checks of their claims.
 
-The cluster is `scripts/cluster.sh up --nodes 3`; netclaim is installed the
-way an operator installs it on a real cluster: the image built by
-scripts/build-image.sh (no registry) imported into every node's containerd,
-then `helm install` of the chart. The chart's host paths name
-NETCLAIM_NODE_PATHS, which on every node is that node's own directory (each
-node runs in its own mount namespace), so one DaemonSet serves all nodes.
+The cluster is `scripts/cluster.sh up --nodes 3` with the chart's DaemonSet
+(scripts/harness/runtime/nodechart.py installs it as an operator would).
 """
 
 from __future__ import annotations
@@ -22,67 +18,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
-sys.path.insert(0, str(REPO / "tests" / "deploy"))
 
-import cni_plugin  # noqa: E402
-from chartlib import CHART, helm  # noqa: E402
 from runtime.clusternode import ClusterNode  # noqa: E402
+from runtime.nodechart import NAMESPACE, daemonset_pods, free_port, install, install_everywhere, version  # noqa: E402,F401
 from runtime.realcluster import PAUSE_IMAGE, RealCluster, entries_of, ready_status, wait_until  # noqa: E402
 
-VERSION = cni_plugin.__version__
-RELEASE = "netclaim"
-NAMESPACE = "netclaim-system"
-APP_IMAGE = f"netclaim:{VERSION}"  # has python3.11: the workload for logs/exec/port-forward
+APP_IMAGE = f"netclaim:{version()}"  # has python3.11: the workload for logs/exec/port-forward
 PYTHON = "/usr/bin/python3.11"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def build_image() -> str:
-    proc = subprocess.run([str(REPO / "scripts" / "build-image.sh"), "--tag", VERSION], capture_output=True, text=True,
-                          timeout=3600)
-    assert proc.returncode == 0, f"scripts/build-image.sh failed:\n{proc.stderr[-3000:]}"
-    return proc.stdout.strip().splitlines()[-1]
-
-
-def helm_values(cluster: RealCluster, ports: tuple[int, int], *extra: str) -> list[str]:
-    paths = cluster.values["NETCLAIM_NODE_PATHS"]
-    sets = {
-        "driverName": cluster.driver, "image.pullPolicy": "Never", "priorityClassName": "",
-        "cni.confDir": f"{paths}/cni/net.d", "cni.binDir": f"{paths}/cni/bin",
-        "hostPaths.run": f"{paths}/ncd-run", "hostPaths.state": f"{paths}/ncd-state",
-        "metrics.port": str(ports[0]), "metrics.keeperPort": str(ports[1]),
-        # No kube-proxy here: the API server as the nodes see it.
-        "apiServer.host": "127.0.0.1",
-    }
-    strings = {"image.tag": VERSION, "cni.pollInterval": "0.5",
-               "apiServer.port": cluster.values["NETCLAIM_APISERVER"].rsplit(":", 1)[1]}
-    out = []
-    for key, value in sets.items():
-        out += ["--set", f"{key}={value}"]
-    for key, value in strings.items():
-        out += ["--set-string", f"{key}={value}"]
-    for item in extra:
-        out += ["--set", item]
-    return out
-
-
-def install_chart(cluster: RealCluster, ports: tuple[int, int], *extra: str, upgrade: bool = False) -> None:
-    # First time: `upgrade --install` (a kept cluster already has the release).
-    verb = ["upgrade", RELEASE] if upgrade else ["upgrade", "--install", RELEASE, "--create-namespace"]
-    helm(*verb, str(CHART), "-n", NAMESPACE, *helm_values(cluster, ports, *extra), "--wait", "--timeout", "300s",
-         kubeconfig=cluster.kubeconfig, timeout=400)
-
-
-def daemonset_pods(cluster: RealCluster) -> dict[str, dict[str, Any]]:
-    """The chart's pods by node name."""
-    items = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=netclaim",
-                                       "-o", "json"))["items"]
-    return {p["spec"]["nodeName"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
 
 
 # ------------------------------------------------------------------ workloads

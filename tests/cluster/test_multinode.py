@@ -38,8 +38,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from multinode_kit import (
-    APP_IMAGE, NAMESPACE, PYTHON, Sampler, build_image, claim_of, claims, daemonset_pods, deployment, free_port,
-    icmp_echo, install_chart, live_pods, ready_pods, stale_entries, wait_statuses,
+    APP_IMAGE, NAMESPACE, PYTHON, Sampler, claim_of, claims, daemonset_pods, deployment, free_port, icmp_echo,
+    install, install_everywhere, live_pods, ready_pods, stale_entries, wait_statuses,
 )
 from runtime.controlplane import api_client
 from runtime.observe import ClaimWatcher
@@ -71,14 +71,11 @@ def mn() -> Iterator[MultiNode]:
         try:
             cluster_sh("down", env=env)
         finally:
-                pytest.fail(f"the 3-node cluster could not start: {exc}", pytrace=False)
+            pytest.fail(f"the 3-node cluster could not start: {exc}", pytrace=False)
     up_seconds = time.monotonic() - t0
     print(f"up --nodes {NODES}: {up_seconds:.1f}s")
     try:
-        cluster.sh("import-image", build_image(), timeout=900)
-        ports = (free_port(), free_port())
-        install_chart(cluster, ports, "updateStrategy.maxUnavailable=1")
-        wait_until(lambda: len(daemonset_pods(cluster)) == NODES, "the DaemonSet's pod on every node", timeout=120)
+        ports = install_everywhere(cluster, "updateStrategy.maxUnavailable=1")
         yield MultiNode(cluster, ports, up_seconds)
     finally:
         if not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
@@ -144,6 +141,29 @@ def test_logs_exec_port_forward_and_pod_to_pod_on_every_node(mn: MultiNode, ns: 
             if other.index != node.index:
                 proc = icmp_echo(node, ns, f"web{node.index}", ips[other.index])
                 assert proc.returncode == 0, f"{node.name} -> {other.name} ({ips[other.index]}): {proc.stderr}"
+
+
+def test_a_container_using_its_claim_gets_the_drivers_cdi_edits_on_every_node(mn: MultiNode, ns: str) -> None:
+    """The DRA driver writes its CDI spec to /var/run/cdi of its node; that node's containerd reads it."""
+    cluster = mn.cluster
+    cluster.claim_template(ns)
+    for node in cluster.nodes:
+        cluster.apply({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"cdi{node.index}", "namespace": ns},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node.name}, "terminationGracePeriodSeconds": 0,
+                     "resourceClaims": [{"name": "net", "resourceClaimTemplateName": "net"}],
+                     "containers": [{"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never",
+                                     "command": [PYTHON, "-c", "import time; time.sleep(100000)"],
+                                     "resources": {"claims": [{"name": "net"}]}}]}})
+    pods = [f"cdi{n.index}" for n in cluster.nodes]
+    cluster.wait_running(ns, *pods, timeout=180)
+    for pod in pods:
+        claim = cluster.pod_claim(ns, pod)
+        env = cluster.kubectl("exec", "-n", ns, pod, "--", PYTHON, "-c",
+                              "import os; print('\\n'.join(f'{k}={v}' for k, v in os.environ.items()))")
+        assert f"claim_{claim.replace('-', '_')}_nic=true" in env.splitlines(), \
+            f"{pod}: the driver's CDI edit for {claim} is not in the container's environment"
+    wait_statuses(cluster, ns, [cluster.get("pod", p, ns) for p in pods])
 
 
 # ------------------------------------------------------------------ status from the pod's own node
@@ -273,7 +293,7 @@ def test_daemonset_rolling_update_keeps_every_status_and_restarts_no_pod(mn: Mul
     want = wait_statuses(cluster, ns, spread(mn, ns, "web"))
     before = {node: p["metadata"]["uid"] for node, p in daemonset_pods(cluster).items()}
     with Sampler(cluster, ns, want) as sampler:
-        install_chart(cluster, mn.ports, "updateStrategy.maxUnavailable=1", f"podAnnotations.roll=r-{uuid.uuid4().hex[:6]}",
+        install(cluster, mn.ports, "updateStrategy.maxUnavailable=1", f"podAnnotations.roll=r-{uuid.uuid4().hex[:6]}",
                       upgrade=True)
         cluster.kubectl("rollout", "status", "-n", NAMESPACE, "daemonset/netclaim", "--timeout=300s", timeout=320)
         time.sleep(3)  # a few samples after the last pod is back

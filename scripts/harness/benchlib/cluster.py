@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first")
     parser.add_argument("--dir", default=os.environ.get("NETCLAIM_BENCH_CLUSTER_DIR", "/tmp/nc-clbench"),
                         help="the cluster's directory (scripts/cluster.sh)")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="> 1: pod create -> claim status visible on that many nodes (benchlib/cluster_nodes.py; "
+                             "--rounds pods, round robin over the nodes)")
 
 
 def _progress(text: str) -> None:
@@ -167,6 +170,10 @@ class Rounds:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.nodes > 1:
+        from .cluster_nodes import run_nodes
+
+        return run_nodes(args, NAMESPACE, ReadyWatch, _progress)
     _progress(f"bringing up the real cluster in {args.dir}")
     t0 = time.time()
     cluster = RealCluster.up(args.dir)
