@@ -213,3 +213,34 @@ def icmp_echo(node: ClusterNode, ns: str, pod: str, target: str) -> subprocess.C
         "sys.exit(1)\n"
     )
     return node.in_pod_netns(ns, pod, sys.executable, "-c", code, target)
+
+
+def host_traces(directory: str) -> list[str]:
+    """What a cluster in `directory` leaves on the host: links named by its id, mounts below it, cgroups, processes.
+
+    The id is the one scripts/cluster.sh derives from the directory (the first 6 hex digits of the sha256 of
+    its real path); other clusters on the host have other ids and directories, so this sees only ours.
+    """
+    import hashlib
+    import os
+    import re
+
+    real = os.path.realpath(directory)
+    ident = hashlib.sha256(real.encode()).hexdigest()[:6]
+    out = [f"link {name}" for name in re.findall(r"^\d+: ([^:@]+)", subprocess.run(
+        ["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout, re.M) if ident in name]
+    with open("/proc/self/mountinfo") as fh:
+        out += [f"mount {f[4]}" for f in (line.split() for line in fh) if f[4] == real or f[4].startswith(real + "/")]
+    with open("/proc/mounts") as fh:
+        hierarchies = [f[1] for f in (line.split() for line in fh) if f[2] in ("cgroup", "cgroup2")]
+    out += [f"cgroup {h}/{d}" for h in hierarchies for d in os.listdir(h) if d.startswith(f"nc-{ident}")]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if real + "/" in cmd and pid != str(os.getpid()):
+            out.append(f"process {pid}: {cmd[:120]}")
+    if os.path.exists(real):
+        out.append(f"directory {real}")
+    return out

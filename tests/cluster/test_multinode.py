@@ -38,8 +38,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from multinode_kit import (
-    APP_IMAGE, NAMESPACE, PYTHON, Sampler, claim_of, claims, daemonset_pods, deployment, free_port, icmp_echo,
-    install, install_everywhere, live_pods, ready_pods, stale_entries, wait_statuses,
+    APP_IMAGE, NAMESPACE, PYTHON, Sampler, claim_of, claims, daemonset_pods, deployment, free_port, host_traces,
+    icmp_echo, install, install_everywhere, live_pods, ready_pods, stale_entries, wait_statuses,
 )
 from runtime.controlplane import api_client
 from runtime.observe import ClaimWatcher
@@ -64,6 +64,7 @@ def mn() -> Iterator[MultiNode]:
         pytest.fail("the real cluster needs root", pytrace=False)
     directory = os.environ.get("NETCLAIM_MULTINODE_DIR", os.path.join(tempfile.gettempdir(), "nc-mn"))
     env = {**os.environ, "NETCLAIM_CLUSTER_DIR": directory}
+    reused = os.path.exists(os.path.join(directory, "cluster.env"))
     t0 = time.monotonic()
     try:
         cluster = RealCluster.up(directory, env, nodes=NODES)
@@ -80,6 +81,9 @@ def mn() -> Iterator[MultiNode]:
     finally:
         if not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
             cluster.down()
+            # `down` leaves the host as it was: no link, mount, cgroup, process or directory of ours.
+            if not reused and (left := host_traces(directory)):
+                pytest.fail(f"scripts/cluster.sh down left on the host: {left}", pytrace=False)
 
 
 @pytest.fixture

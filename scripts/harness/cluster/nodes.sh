@@ -321,7 +321,9 @@ cmd_node() { # cmd_node NAME|I COMMAND: one node's component, for tests (a node 
 
 multi_node_main() { # the commands of a multi-node cluster (cluster.sh hands them over)
     case "${1:-}" in
-        up) cmd_up_nodes "${3:-}" ;;
+        up)
+            [[ "${2:-}" == --nodes ]] || die "a multi-node cluster runs in $TOP: $0 up --nodes N, or $0 down first"
+            cmd_up_nodes "${3:-}" ;;
         down) [[ -d "$TOP" ]] || return 0; exec 9>"$TOP/.lock"; flock 9; cmd_down_nodes_locked ;;
         env) cmd_env_nodes ;;
         status) cmd_status_nodes ;;
