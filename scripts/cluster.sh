@@ -11,6 +11,10 @@
 #                                          kubelets serve logs/exec/port-forward on their node IP); `env` then
 #                                          lists the nodes (NETCLAIM_NODES, NETCLAIM_NODE<i>_*); per node:
 #   scripts/cluster.sh node NAME|I kubelet-stop|kubelet-start|containerd-stop|containerd-start|stop|start
+#   CDI: the single node's containerd reads NETCLAIM_CDI_DIR (a dir of this cluster: the host's
+#   /var/run/cdi is shared by every cluster on the host), where the DRA driver writes; a driver run as
+#   a pod mounts that path. On `up --nodes N` each node's /var/run/cdi is its own dir (the node's mount
+#   namespace), the one its containerd reads: a driver mounting /var/run/cdi from its node finds it.
 #   scripts/cluster.sh env                 shell exports: KUBECONFIG, CONTAINER_RUNTIME_ENDPOINT, NETCLAIM_*
 #   scripts/cluster.sh status              what runs
 #   scripts/cluster.sh down                stop everything `up` started and leave the host as it was

@@ -28,6 +28,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -296,11 +297,33 @@ def test_daemonset_rolling_update_keeps_every_status_and_restarts_no_pod(mn: Mul
     cluster = mn.cluster
     want = wait_statuses(cluster, ns, spread(mn, ns, "web"))
     before = {node: p["metadata"]["uid"] for node, p in daemonset_pods(cluster).items()}
+    errors: list[BaseException] = []
+
+    def upgrade() -> None:
+        try:
+            install(cluster, mn.ports, "updateStrategy.maxUnavailable=1",
+                    f"podAnnotations.roll=r-{uuid.uuid4().hex[:6]}", upgrade=True)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+    least_ready = NODES
     with Sampler(cluster, ns, want) as sampler:
-        install(cluster, mn.ports, "updateStrategy.maxUnavailable=1", f"podAnnotations.roll=r-{uuid.uuid4().hex[:6]}",
-                      upgrade=True)
+        roller = threading.Thread(target=upgrade)
+        roller.start()
+        # A pod created while the DaemonSet rolls (some node's publisher is being replaced) gets its status too.
+        wait_until(lambda: set(before.values()) != {p["metadata"]["uid"] for p in daemonset_pods(cluster).values()}
+                   or not roller.is_alive(), "the roll to begin", timeout=120, interval=0.2)
+        cluster.pod(ns, "during", template="net")
+        while roller.is_alive():
+            pods = daemonset_pods(cluster).values()
+            least_ready = min(least_ready, sum(all(c.get("ready") for c in p["status"].get("containerStatuses") or
+                                                   [{"ready": False}]) for p in pods))
+            roller.join(timeout=0.5)
+        assert not errors, errors
         cluster.kubectl("rollout", "status", "-n", NAMESPACE, "daemonset/netclaim", "--timeout=300s", timeout=320)
         time.sleep(3)  # a few samples after the last pod is back
+    assert least_ready >= NODES - 1, f"maxUnavailable 1, yet only {least_ready} publishers were ready at once"
+    cluster.wait_running(ns, "during")
+    wait_statuses(cluster, ns, [cluster.get("pod", "during", ns)])
     after = daemonset_pods(cluster)
     assert set(after) == set(before) and all(after[n]["metadata"]["uid"] != before[n] for n in before), \
         "every node's DaemonSet pod was replaced"
@@ -318,7 +341,7 @@ def test_daemonset_rolling_update_keeps_every_status_and_restarts_no_pod(mn: Mul
 
 def test_drain_moves_pods_with_their_new_nodes_status_nothing_stale(mn: MultiNode, ns: str) -> None:
     cluster = mn.cluster
-    first = wait_statuses(cluster, ns, spread(mn, ns, "web", hard_spread=False))
+    first = wait_statuses(cluster, ns, spread(mn, ns, "web"))
     drained = first[0].node
     try:
         cluster.kubectl("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s",
@@ -354,7 +377,7 @@ def publisher_status(cluster: RealCluster, node: str) -> dict:
 
 def test_node_lost_pods_recreated_elsewhere_and_its_publisher_cleans_only_its_own(mn: MultiNode, ns: str) -> None:
     cluster = mn.cluster
-    first = wait_statuses(cluster, ns, spread(mn, ns, "web", hard_spread=False, unreachable_seconds=2))
+    first = wait_statuses(cluster, ns, spread(mn, ns, "web", unreachable_seconds=2))
     lost = cluster.node_named(first[0].node)
     survivors = [a for a in first if a.node != lost.name]
     publisher = daemonset_pods(cluster)[lost.name]["metadata"]["name"]
