@@ -313,6 +313,7 @@ def test_daemonset_rolling_update_keeps_every_status_and_restarts_no_pod(mn: Mul
         wait_until(lambda: set(before.values()) != {p["metadata"]["uid"] for p in daemonset_pods(cluster).values()}
                    or not roller.is_alive(), "the roll to begin", timeout=120, interval=0.2)
         cluster.pod(ns, "during", template="net")
+        created_during_roll = roller.is_alive()
         while roller.is_alive():
             pods = daemonset_pods(cluster).values()
             least_ready = min(least_ready, sum(all(c.get("ready") for c in p["status"].get("containerStatuses") or
@@ -321,6 +322,7 @@ def test_daemonset_rolling_update_keeps_every_status_and_restarts_no_pod(mn: Mul
         assert not errors, errors
         cluster.kubectl("rollout", "status", "-n", NAMESPACE, "daemonset/netclaim", "--timeout=300s", timeout=320)
         time.sleep(3)  # a few samples after the last pod is back
+    assert created_during_roll, "the pod was meant to start while the DaemonSet rolls"
     assert least_ready >= NODES - 1, f"maxUnavailable 1, yet only {least_ready} publishers were ready at once"
     cluster.wait_running(ns, "during")
     wait_statuses(cluster, ns, [cluster.get("pod", "during", ns)])
