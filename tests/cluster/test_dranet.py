@@ -1,0 +1,373 @@
+"""dranet beside netclaim on the real node: two writers of one claim's `status.devices`.
+
+dranet (kubernetes-sigs/dranet, built from its source snapshot) runs on the node
+as a kubelet plugin (driver `dra.net`) and as an NRI plugin of the node's
+containerd 2.x: at RunPodSandbox it moves a host interface (one end of a veth
+pair that `cluster.sh up --with-dranet` creates; this kernel has no dummy
+driver) into the pod and server-side applies its own entry with field manager
+`dra.net` and `force: true`. netclaim reports the primary interface (eth0,
+from the CNI chain) on a device of the DRA test driver with its own manager.
+
+What a user sees, read back from the pod's own network namespace:
+- each claim (two claims, or one claim with both requests) shows both entries,
+  each equal to the interface in the pod;
+- managedFields: each manager owns exactly its own entry;
+- in EVERY version of the claim the API server sent while the sandbox was
+  restarted (crictl stopp, or the pause process killed), dranet's entry is
+  present and unchanged, and netclaim's entry, when present, is the old or the
+  new sandbox's eth0: neither writer removed or rewrote the other's;
+- after the pod is deleted the claims carry no entry and the interface is back
+  in the host's namespace, still paired with its peer.
+
+The cluster is this module's own (containerd with NRI enabled is not the
+default node): NETCLAIM_DRANET_CLUSTER_DIR, default `nc-drn` under the temp
+dir. If dranet cannot be built or started, every test here FAILS with the
+reason. Budget: cluster up ~15-30 s (dranet's cold build ~1.5 min once, then
+cached), each test ~20-40 s on 2 busy cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import pytest
+
+from runtime.realcluster import ClusterError, RealCluster, cluster_sh, entries_of, ready_status, wait_until
+
+DRANET = "dra.net"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RealCluster]:
+    if os.geteuid() != 0:
+        pytest.fail("the real cluster needs root (kubelet, containerd, cgroups)", pytrace=False)
+    directory = os.environ.get("NETCLAIM_DRANET_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-drn"))
+    env = {**os.environ, "NETCLAIM_CLUSTER_DIR": directory}
+    try:
+        values = cluster_sh("up", "--with-dranet", env=env)
+        from runtime.realcluster import parse_env
+        c = RealCluster(directory, parse_env(values), env)
+        c.sh("install-netclaim")
+    except ClusterError as exc:
+        try:
+            cluster_sh("down", env=env)
+        finally:
+            pytest.fail(f"the cluster with dranet could not start: {exc}", pytrace=False)
+    try:
+        yield c
+    finally:
+        if not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
+            c.down()
+
+
+@pytest.fixture
+def ns(cluster: RealCluster) -> Iterator[str]:
+    cluster.sh("dranet-start")  # idempotent: interfaces present with their host addresses, dranet running
+    name = cluster.namespace(f"d-{uuid.uuid4().hex[:6]}")
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# ---------------------------------------------------------------- what the pod and the host show
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    mac: str
+    cidrs: list[str]
+    index: int
+
+
+def links(netns: str | None) -> dict[str, Link]:
+    """Every interface of a network namespace (None: the host's), as `ip -j addr` shows it."""
+    cmd = ["ip", "-j", "addr", "show"]
+    if netns:
+        cmd = ["nsenter", f"--net={netns}", *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30).stdout
+    found = {}
+    for link in json.loads(out):
+        cidrs = [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("scope") == "global"]
+        found[link["ifname"]] = Link(link["ifname"], link.get("address", "").lower(), cidrs, link["ifindex"])
+    return found
+
+
+def network_data(link: Link) -> dict[str, Any]:
+    data: dict[str, Any] = {"interfaceName": link.name, "hardwareAddress": link.mac}
+    if link.cidrs:
+        data["ips"] = link.cidrs
+    return data
+
+
+def device_of(claim: dict[str, Any], driver: str, request: str) -> str:
+    (result,) = [r for r in claim["status"]["allocation"]["devices"]["results"]
+                 if r["driver"] == driver and r["request"] == request]
+    return result["device"]
+
+
+def host_ifname(cluster: RealCluster, device: str) -> str:
+    """The host interface dranet published as `device` (its slice attribute dra.net/ifName)."""
+    for s in json.loads(cluster.kubectl("get", "resourceslices", "-o", "json"))["items"]:
+        if s["spec"]["driver"] == DRANET and s["spec"].get("nodeName") == cluster.node:
+            for d in s["spec"].get("devices") or []:
+                if d["name"] == device:
+                    return d["attributes"]["dra.net/ifName"]["string"]
+    raise AssertionError(f"device {device} not in dranet's ResourceSlice")
+
+
+def status_owners(claim: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
+    """manager -> the status.devices keys it owns (from managedFields)."""
+    owners: dict[str, list[dict[str, str]]] = {}
+    for mf in claim["metadata"].get("managedFields") or []:
+        devices = ((mf.get("fieldsV1") or {}).get("f:status") or {}).get("f:devices") or {}
+        keys = [json.loads(k[2:]) for k in devices if k.startswith("k:")]
+        if keys:
+            owners.setdefault(mf["manager"], []).extend(keys)
+    return owners
+
+
+def key(entry: dict[str, Any]) -> dict[str, str]:
+    return {"driver": entry["driver"], "pool": entry["pool"], "device": entry["device"]}
+
+
+def claim_obj(cluster: RealCluster, ns: str, name: str) -> dict[str, Any]:
+    return json.loads(cluster.kubectl("get", "resourceclaim", name, "-n", ns, "-o", "json", "--show-managed-fields"))
+
+
+# ---------------------------------------------------------------- every version of a claim, while things happen
+
+
+@dataclass
+class ClaimWatch:
+    """`kubectl get resourceclaim -w -o json`: every version the API server sends, in order."""
+
+    cluster: RealCluster
+    ns: str
+    names: list[str]
+    versions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def __enter__(self) -> "ClaimWatch":
+        self.procs = []
+        self.threads = []
+        for name in self.names:
+            self.versions[name] = []
+            proc = subprocess.Popen(
+                [self.cluster.values["NETCLAIM_KUBECTL"], "--kubeconfig", self.cluster.kubeconfig, "get",
+                 "resourceclaim", name, "-n", self.ns, "-w", "-o", "json"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            thread = threading.Thread(target=self._read, args=(proc, self.versions[name]), daemon=True)
+            thread.start()
+            self.procs.append(proc)
+            self.threads.append(thread)
+        return self
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, into: list[dict[str, Any]]) -> None:
+        decoder = json.JSONDecoder()
+        buf = ""
+        for line in proc.stdout:  # type: ignore[union-attr]
+            buf += line
+            try:
+                obj, end = decoder.raw_decode(buf.lstrip())
+            except json.JSONDecodeError:
+                continue
+            into.append(obj)
+            buf = buf.lstrip()[end:]
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(1)  # the last versions reach us
+        for proc in self.procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+        for thread in self.threads:
+            thread.join(timeout=10)
+
+
+# ---------------------------------------------------------------- steps
+
+
+def both_entries(cluster: RealCluster, ns: str, pod: str, claims: dict[str, str], dranet_if: str,
+                 sandbox: str = "") -> dict[str, dict[str, Any]]:
+    """Wait until netclaim's entry (eth0) and dranet's entry (`dranet_if`) are Ready and equal to the pod's
+    interfaces (and netclaim's names `sandbox` when given); return them by driver."""
+    def entries() -> dict[str, dict[str, Any]] | None:
+        netns = cluster.netns(ns, pod)
+        pod_links = links(netns)
+        found = {}
+        for driver, claim in claims.items():
+            mine = entries_of(cluster.claim_yaml(ns, claim), driver)
+            if len(mine) != 1 or ready_status(mine[0]) != "True":
+                return None
+            found[driver] = mine[0]
+        want_if = {cluster.driver: "eth0", DRANET: dranet_if}
+        for driver, entry in found.items():
+            link = pod_links.get(want_if[driver])
+            if link is None or entry.get("networkData") != network_data(link):
+                return None
+        if sandbox and sandbox not in json.dumps(found[cluster.driver].get("data") or {}):
+            return None
+        return found
+    return wait_until(entries, f"both entries Ready and equal to {ns}/{pod}'s interfaces", timeout=90)
+
+
+def assert_each_owns_its_own(cluster: RealCluster, ns: str, claims: dict[str, str],
+                             entries: dict[str, dict[str, Any]]) -> None:
+    for driver, claim in claims.items():
+        owners = status_owners(claim_obj(cluster, ns, claim))
+        mine = f"netclaim/{cluster.node}" if driver == cluster.driver else DRANET
+        assert key(entries[driver]) in owners.get(mine, []), owners
+        for manager, keys in owners.items():
+            for k in keys:
+                writer = f"netclaim/{cluster.node}" if k["driver"] == cluster.driver else DRANET
+                assert manager == writer, f"{manager} owns {k} on {claim}: {owners}"
+
+
+def assert_no_writer_touched_the_other(watch: ClaimWatch, cluster: RealCluster, claims: dict[str, str],
+                                       dranet_entry: dict[str, Any], eth0s: list[dict[str, Any]]) -> None:
+    """Every version seen: dranet's entry present with the same networkData; netclaim's absent or one of
+    the sandboxes' eth0."""
+    seen = 0
+    for driver, claim in claims.items():
+        for version in watch.versions[claim]:
+            seen += 1
+            if driver == DRANET:
+                (d,) = entries_of(version, DRANET)
+                assert d["networkData"] == dranet_entry["networkData"], version["metadata"]["resourceVersion"]
+            else:
+                for e in entries_of(version, cluster.driver):
+                    assert e["networkData"] in eth0s, (e, eth0s)
+    assert seen >= 2, "the watch saw no change at all"
+
+
+def restart_sandbox(cluster: RealCluster, ns: str, pod: str, how: str) -> str:
+    """Make the runtime lose the pod's sandbox; the kubelet creates a new one. Returns the new sandbox's id."""
+    old = cluster.sandbox(ns, pod)
+    if how == "stopp":
+        cluster.crictl("stopp", old["id"])
+    else:  # the pause process dies
+        os.kill(int(old["info"]["pid"]), signal.SIGKILL)
+
+    def new_id() -> str:
+        sb = cluster.sandbox(ns, pod)
+        return sb["id"] if sb["id"] != old["id"] else ""
+    new = wait_until(new_id, f"a new sandbox for {ns}/{pod}", timeout=120)
+    cluster.wait_running(ns, pod)
+    return new
+
+
+def assert_back_on_the_host(ifname: str, mac: str) -> None:
+    def back() -> Link | None:
+        link = links(None).get(ifname)
+        return link if link and link.mac == mac else None
+    wait_until(back, f"{ifname} ({mac}) back in the host's namespace", timeout=60)
+    peer = json.loads(subprocess.run(["ip", "-j", "-d", "link", "show", "dev", ifname], capture_output=True,
+                                     text=True, check=True).stdout)[0]
+    assert peer.get("linkinfo", {}).get("info_kind") == "veth"
+    assert "link_index" in peer or "link" in peer  # still paired with its peer on the host
+
+
+def claims_empty(cluster: RealCluster, ns: str, *claims: str) -> None:
+    def empty() -> bool:
+        return all(not (cluster.claim_yaml(ns, c).get("status") or {}).get("devices") for c in claims)
+    wait_until(empty, f"no status.devices left on {claims}", timeout=90)
+
+
+def pod_with_claims(cluster: RealCluster, ns: str, name: str, claims: list[str]) -> None:
+    cluster.apply({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+        "spec": {"containers": [{"name": "app", "image": "netclaim.local/pause:e2e", "imagePullPolicy": "Never"}],
+                 "terminationGracePeriodSeconds": 0,
+                 "resourceClaims": [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]}})
+
+
+def request(name: str, device_class: str) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": device_class}}
+
+
+def claim_doc(ns: str, name: str, requests: list[dict[str, Any]], config: list[dict[str, Any]] | None = None):
+    devices: dict[str, Any] = {"requests": requests}
+    if config:
+        devices["config"] = config
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns}, "spec": {"devices": devices}}
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def test_dranet_secondary_claim_and_netclaim_primary_claim_across_restart_and_deletion(
+        cluster: RealCluster, ns: str) -> None:
+    dranet_class = cluster.values["NETCLAIM_DRANET_DEVICE_CLASS"]
+    # dranet renames the interface in the pod and sets the address its opaque config asks for.
+    net1 = {"opaque": {"driver": DRANET, "parameters": {"interface": {"name": "net1",
+                                                                      "addresses": ["198.51.100.7/24"]}}}}
+    cluster.apply(claim_doc(ns, "primary", [request("nic", cluster.values["NETCLAIM_DEVICE_CLASS"])]),
+                  claim_doc(ns, "secondary", [request("nic", dranet_class)], [{"requests": ["nic"], **net1}]))
+    pod_with_claims(cluster, ns, "web", ["primary", "secondary"])
+    cluster.wait_running(ns, "web")
+    claims = {cluster.driver: "primary", DRANET: "secondary"}
+    first = cluster.sandbox(ns, "web")["id"]
+    entries = both_entries(cluster, ns, "web", claims, "net1", first)
+    assert entries[DRANET]["networkData"]["ips"] == ["198.51.100.7/24"]
+    assert entries[cluster.driver]["networkData"]["ips"] == [c for c in links(cluster.netns(ns, "web"))["eth0"].cidrs]
+    # One writer per claim here: netclaim wrote nothing on dranet's claim and dranet nothing on netclaim's.
+    assert [e["driver"] for e in cluster.claim_yaml(ns, "primary")["status"]["devices"]] == [cluster.driver]
+    assert [e["driver"] for e in cluster.claim_yaml(ns, "secondary")["status"]["devices"]] == [DRANET]
+    assert_each_owns_its_own(cluster, ns, claims, entries)
+    host_if = host_ifname(cluster, device_of(cluster.claim_yaml(ns, "secondary"), DRANET, "nic"))
+    assert host_if not in links(None)  # moved, not copied
+
+    with ClaimWatch(cluster, ns, ["primary", "secondary"]) as watch:
+        second = restart_sandbox(cluster, ns, "web", "stopp")
+        after = both_entries(cluster, ns, "web", claims, "net1", second)
+    assert after[DRANET]["networkData"] == entries[DRANET]["networkData"]
+    assert_no_writer_touched_the_other(watch, cluster, claims, entries[DRANET],
+                                       [entries[cluster.driver]["networkData"], after[cluster.driver]["networkData"]])
+    assert_each_owns_its_own(cluster, ns, claims, after)
+
+    cluster.delete_pod(ns, "web")
+    claims_empty(cluster, ns, "primary", "secondary")
+    assert_back_on_the_host(host_if, entries[DRANET]["networkData"]["hardwareAddress"])
+
+
+def test_one_claim_with_both_requests_across_a_killed_pause_and_deletion(cluster: RealCluster, ns: str) -> None:
+    cluster.apply(claim_doc(ns, "both", [request("primary", cluster.values["NETCLAIM_DEVICE_CLASS"]),
+                                         request("secondary", cluster.values["NETCLAIM_DRANET_DEVICE_CLASS"])]))
+    pod_with_claims(cluster, ns, "app", ["both"])
+    cluster.wait_running(ns, "app")
+    claim = cluster.claim_yaml(ns, "both")
+    host_if = host_ifname(cluster, device_of(claim, DRANET, "secondary"))
+    claims = {cluster.driver: "both", DRANET: "both"}
+    # Without opaque config dranet keeps the host's name and moves the host's addresses along.
+    entries = both_entries(cluster, ns, "app", claims, host_if, cluster.sandbox(ns, "app")["id"])
+    assert entries[DRANET]["networkData"].get("ips"), "the host interface's address moved with it"
+    assert device_of(claim, cluster.driver, "primary") == entries[cluster.driver]["device"]
+    assert len(cluster.claim_yaml(ns, "both")["status"]["devices"]) == 2
+    assert_each_owns_its_own(cluster, ns, claims, entries)
+
+    with ClaimWatch(cluster, ns, ["both"]) as watch:
+        new = restart_sandbox(cluster, ns, "app", "kill-pause")
+        after = both_entries(cluster, ns, "app", claims, host_if, new)
+    assert after[DRANET]["networkData"] == entries[DRANET]["networkData"]
+    eth0s = [entries[cluster.driver]["networkData"], after[cluster.driver]["networkData"]]
+    # One claim, both writers: the single watch checks both entries in every version.
+    for version in watch.versions["both"]:
+        (d,) = entries_of(version, DRANET)
+        assert d["networkData"] == entries[DRANET]["networkData"]
+        for e in entries_of(version, cluster.driver):
+            assert e["networkData"] in eth0s
+    assert watch.versions["both"], "the watch saw nothing"
+    assert_each_owns_its_own(cluster, ns, claims, after)
+
+    cluster.delete_pod(ns, "app")
+    claims_empty(cluster, ns, "both")
+    assert_back_on_the_host(host_if, entries[DRANET]["networkData"]["hardwareAddress"])
