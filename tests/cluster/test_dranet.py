@@ -114,13 +114,13 @@ def device_of(claim: dict[str, Any], driver: str, request: str) -> str:
     return result["device"]
 
 
-def host_ifname(cluster: RealCluster, device: str) -> str:
-    """The host interface dranet published as `device` (its slice attribute dra.net/ifName)."""
+def slice_attributes(cluster: RealCluster, device: str) -> dict[str, str]:
+    """What dranet's ResourceSlice says of `device`: its string attributes (dra.net/ifName, dra.net/ipv4, ...)."""
     for s in json.loads(cluster.kubectl("get", "resourceslices", "-o", "json"))["items"]:
         if s["spec"]["driver"] == DRANET and s["spec"].get("nodeName") == cluster.node:
             for d in s["spec"].get("devices") or []:
                 if d["name"] == device:
-                    return d["attributes"]["dra.net/ifName"]["string"]
+                    return {k: v["string"] for k, v in d["attributes"].items() if "string" in v}
     raise AssertionError(f"device {device} not in dranet's ResourceSlice")
 
 
@@ -307,9 +307,9 @@ def claim_doc(ns: str, name: str, requests: list[dict[str, Any]], config: list[d
 def test_dranet_secondary_claim_and_netclaim_primary_claim_across_restart_and_deletion(
         cluster: RealCluster, ns: str) -> None:
     dranet_class = cluster.values["NETCLAIM_DRANET_DEVICE_CLASS"]
-    # dranet renames the interface in the pod and sets the address its opaque config asks for.
-    net1 = {"opaque": {"driver": DRANET, "parameters": {"interface": {"name": "net1",
-                                                                      "addresses": ["198.51.100.7/24"]}}}}
+    # dranet renames the interface in the pod as its opaque config asks (the host's address moves along; an
+    # address of another subnet here fails the sandbox: dranet also copies the host's connected route).
+    net1 = {"opaque": {"driver": DRANET, "parameters": {"interface": {"name": "net1"}}}}
     cluster.apply(claim_doc(ns, "primary", [request("nic", cluster.values["NETCLAIM_DEVICE_CLASS"])]),
                   claim_doc(ns, "secondary", [request("nic", dranet_class)], [{"requests": ["nic"], **net1}]))
     pod_with_claims(cluster, ns, "web", ["primary", "secondary"])
@@ -317,13 +317,15 @@ def test_dranet_secondary_claim_and_netclaim_primary_claim_across_restart_and_de
     claims = {cluster.driver: "primary", DRANET: "secondary"}
     first = cluster.sandbox(ns, "web")["id"]
     entries = both_entries(cluster, ns, "web", claims, "net1", first)
-    assert entries[DRANET]["networkData"]["ips"] == ["198.51.100.7/24"]
-    assert entries[cluster.driver]["networkData"]["ips"] == [c for c in links(cluster.netns(ns, "web"))["eth0"].cidrs]
+    published = slice_attributes(cluster, device_of(cluster.claim_yaml(ns, "secondary"), DRANET, "nic"))
+    host_if = published["dra.net/ifName"]
+    assert entries[DRANET]["networkData"]["ips"] == [published["dra.net/ipv4"]]  # the host's address, moved
+    assert entries[DRANET]["networkData"]["hardwareAddress"] == published["dra.net/mac"]
+    assert entries[cluster.driver]["networkData"]["ips"] == links(cluster.netns(ns, "web"))["eth0"].cidrs
     # One writer per claim here: netclaim wrote nothing on dranet's claim and dranet nothing on netclaim's.
     assert [e["driver"] for e in cluster.claim_yaml(ns, "primary")["status"]["devices"]] == [cluster.driver]
     assert [e["driver"] for e in cluster.claim_yaml(ns, "secondary")["status"]["devices"]] == [DRANET]
     assert_each_owns_its_own(cluster, ns, claims, entries)
-    host_if = host_ifname(cluster, device_of(cluster.claim_yaml(ns, "secondary"), DRANET, "nic"))
     assert host_if not in links(None)  # moved, not copied
 
     with ClaimWatch(cluster, ns, ["primary", "secondary"]) as watch:
@@ -345,7 +347,7 @@ def test_one_claim_with_both_requests_across_a_killed_pause_and_deletion(cluster
     pod_with_claims(cluster, ns, "app", ["both"])
     cluster.wait_running(ns, "app")
     claim = cluster.claim_yaml(ns, "both")
-    host_if = host_ifname(cluster, device_of(claim, DRANET, "secondary"))
+    host_if = slice_attributes(cluster, device_of(claim, DRANET, "secondary"))["dra.net/ifName"]
     claims = {cluster.driver: "both", DRANET: "both"}
     # Without opaque config dranet keeps the host's name and moves the host's addresses along.
     entries = both_entries(cluster, ns, "app", claims, host_if, cluster.sandbox(ns, "app")["id"])
