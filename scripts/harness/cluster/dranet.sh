@@ -57,11 +57,13 @@ remove_dranet_interfaces() { # deleting either end deletes the pair; a pair insi
     done
 }
 
-dranet_published() { # every host-side end in dranet's ResourceSlice for this node
-    local names n
-    names="$(kc get resourceslices -o jsonpath="{range .items[?(@.spec.driver==\"$DRANET_DRIVER\")]}{.spec.devices[*].name} {end}")"
+dranet_published() { # every host-side end on the host is in dranet's ResourceSlice, with its host address
+    local seen n ifname
+    seen="$(kc get resourceslices -o jsonpath="{range .items[?(@.spec.driver==\"$DRANET_DRIVER\")].spec.devices[*]}{.name}={.attributes.dra\.net/ipv4.string}{\"\n\"}{end}")"
     for n in $(seq 0 $((DRANET_COUNT - 1))); do
-        grep -qw -- "$(dranet_ifname "$n")" <<<"$names" || return 1
+        ifname="$(dranet_ifname "$n")"
+        ip link show "$ifname" >/dev/null 2>&1 || continue  # in a pod now
+        grep -qxF -- "$ifname=$(dranet_address "$n")" <<<"$seen" || return 1
     done
 }
 
@@ -79,7 +81,10 @@ EOT
 start_dranet() {
     [[ "${WITH_DRANET:-0}" == 1 ]] || die "containerd runs without NRI here: bring the cluster up with --with-dranet"
     dranet_interfaces
-    if alive "$DIR/dranet.pid"; then return 0; fi
+    if alive "$DIR/dranet.pid"; then
+        WATCH=dranet wait_for 60 "dranet's ResourceSlice" dranet_published
+        return 0
+    fi
     [[ -x "${DRANET:-}" ]] || { DRANET="$("$HERE/build/dranet.sh")"; save_var DRANET; }
     mkdir -p "$DRANET_DIR/tmp" && chmod 700 "$DRANET_DIR"
     "$PY" "$HERE/harness/runtime/clusterctl.py" dranet-kubeconfig --admin "$CP_DIR/admin.kubeconfig" \
