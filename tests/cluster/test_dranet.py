@@ -390,6 +390,54 @@ def test_one_claim_with_both_requests_across_a_killed_pause_and_deletion(cluster
           f"{gaps}")
     assert_each_owns_its_own(cluster, ns, claims, after)
 
+    since = os.path.getsize(cluster.values["NETCLAIM_DRANET_LOG"])
     cluster.delete_pod(ns, "app")
     claims_empty(cluster, ns, "both")
     assert_back_on_the_host(host_if, entries[DRANET]["networkData"]["hardwareAddress"])
+    assert dranet_stop_hook_ran(cluster, ns, "app", since)
+
+
+def dranet_stop_hook_ran(cluster: RealCluster, ns: str, pod: str, since: int) -> bool:
+    """dranet's log, after byte `since`, shows its NRI StopPodSandbox hook for the pod (it logs each at -v=2)."""
+    with open(cluster.values["NETCLAIM_DRANET_LOG"], "rb") as fh:
+        fh.seek(since)
+        return f'"StopPodSandbox" pod="{ns}/{pod}"'.encode() in fh.read()
+
+
+def test_containerd_restart_leaves_both_entries_but_loses_dranet_stop_hook_and_the_interface(
+        cluster: RealCluster, ns: str) -> None:
+    """containerd restarts under a running pod. dranet loses its NRI connection and exits; cluster.sh starts it
+    again and waits for its registration. Neither writer touches either entry. But containerd 2.4.2 rebuilds
+    its NRI state of containers only, not of pod sandboxes (the issue of containerd/containerd#8426), so it
+    never sends StopPodSandbox to NRI for a sandbox older than the restart: dranet cannot move the interface
+    back, and a veth dies with the pod's netns (a physical NIC would fall back to the host unconfigured)."""
+    cluster.apply(claim_doc(ns, "both", [request("primary", cluster.values["NETCLAIM_DEVICE_CLASS"]),
+                                         request("secondary", cluster.values["NETCLAIM_DRANET_DEVICE_CLASS"])]))
+    published = published_devices(cluster)
+    pod_with_claims(cluster, ns, "steady", ["both"])
+    cluster.wait_running(ns, "steady")
+    host_if = published[device_of(cluster.claim_yaml(ns, "both"), DRANET, "secondary")]["dra.net/ifName"]
+    claims = {cluster.driver: "both", DRANET: "both"}
+    sandbox = cluster.sandbox(ns, "steady")["id"]
+    both_entries(cluster, ns, "steady", claims, host_if, sandbox)
+    time.sleep(2)  # dranet's status apply is asynchronous: let it land before taking the reference
+    before = cluster.claim_yaml(ns, "both")["status"]["devices"]
+
+    pid_file = os.path.join(cluster.dir, "dranet.pid")
+    with open(pid_file) as fh:
+        dranet_pid = fh.read().strip()
+    cluster.sh("containerd-stop")
+    cluster.sh("containerd-start")
+    with open(pid_file) as fh:
+        assert fh.read().strip() != dranet_pid  # a new dranet, registered with the new containerd
+    cluster.wait_running(ns, "steady")
+    assert cluster.sandbox(ns, "steady")["id"] == sandbox  # the same sandbox: nothing to re-attach
+    both_entries(cluster, ns, "steady", claims, host_if, sandbox)
+    assert cluster.claim_yaml(ns, "both")["status"]["devices"] == before  # nobody rewrote either entry
+
+    since = os.path.getsize(cluster.values["NETCLAIM_DRANET_LOG"])
+    cluster.delete_pod(ns, "steady")
+    claims_empty(cluster, ns, "both")
+    peer = "ndp-" + host_if.removeprefix("ndr-")
+    wait_until(lambda: not {host_if, peer} & set(links(None)), f"the veth pair {host_if}/{peer} to die", timeout=60)
+    assert not dranet_stop_hook_ran(cluster, ns, "steady", since)

@@ -91,6 +91,8 @@ start_dranet() {
         --server "https://127.0.0.1:$APISERVER_PORT" --ca "$CP_DIR/pki/ca.crt" --node "$NODE" \
         --rbac "$HERE/harness/cluster/dranet-rbac.yaml" --out "$DRANET_DIR/kubeconfig" >/dev/null
     dranet_device_class
+    local offset
+    offset="$(stat -c %s "$DIR/dranet.log" 2>/dev/null || echo 0)"
     log "starting dranet (driver $DRANET_DRIVER, interfaces $(dranet_ifname 0)..$(dranet_ifname $((DRANET_COUNT - 1))))"
     # TMPDIR: dranet unpacks its PCI database into a fresh temporary directory at every start.
     TMPDIR="$DRANET_DIR/tmp" start dranet "$PY" "$HERE/harness/runtime/nri_attach.py" "$CTD/nri.sock" "$DRANET" \
@@ -99,7 +101,13 @@ start_dranet() {
         --bind-address "127.0.0.1:$(free_port)" --cloud-provider-hint NONE --profile-provider none \
         --filter "\"dra.net/ifName\" in attributes && attributes[\"dra.net/ifName\"].StringValue.startsWith(\"ndr-$ID-\")" \
         -v=2
+    # Its hooks count only once containerd has it registered: a sandbox stopped before that keeps the interface.
+    WATCH=dranet wait_for 60 "dranet's NRI registration" nri_registered "$offset"
     WATCH=dranet wait_for 90 "dranet's ResourceSlice" dranet_published
+}
+
+nri_registered() { # nri_registered OFFSET: dranet's log says, after OFFSET, that its NRI plugin started
+    tail -c +"$(($1 + 1))" "$DIR/dranet.log" | grep -q "Started plugin 00-$DRANET_DRIVER"
 }
 
 stop_dranet() {
