@@ -9,22 +9,26 @@ driver) into the pod and server-side applies its own entry with field manager
 from the CNI chain) on a device of the DRA test driver with its own manager.
 
 What a user sees, read back from the pod's own network namespace:
-- each claim (two claims, or one claim with both requests) shows both entries,
-  each equal to the interface in the pod;
+- both entries (one in each of two claims, or both in one claim with both
+  requests), each equal to its interface in the pod;
 - managedFields: each manager owns exactly its own entry;
 - in EVERY version of the claim the API server sent while the sandbox was
   restarted (crictl stopp, or the pause process killed), dranet's entry is
   present and unchanged, and netclaim's entry, when present, is the old or the
   new sandbox's eth0: neither writer removed or rewrote the other's;
 - after the pod is deleted the claims carry no entry and the interface is back
-  in the host's namespace, still paired with its peer.
+  in the host's namespace, still paired with its peer;
+- containerd restarted under the pod: both entries stay byte for byte, but
+  containerd's NRI no longer sends that sandbox's StopPodSandbox, so dranet
+  cannot move the interface back (asserted as seen, see that test).
 
 The cluster is this module's own (containerd with NRI enabled is not the
 default node): NETCLAIM_DRANET_CLUSTER_DIR, default `nc-drn` under the temp
 dir. If dranet cannot be built or started, every test here FAILS with the
-reason. Measured on 2 shared cores: 43 s for the module (cluster up with dranet
-and netclaim 19 s, the two tests 5-6 s each, down 10 s), plus dranet's build once
-(~1.5 min, then cached; scripts/build/dranet.sh needs NETCLAIM_PEERS_DIR).
+reason. Measured on 2 shared cores (load 8-10): 60 s for the module (cluster up
+with dranet and netclaim 21 s, the tests 4-13 s each, down 11 s), plus dranet's
+build once (1.5-3 min, then cached; scripts/build/dranet.sh needs the snapshot in
+NETCLAIM_PEERS_DIR).
 """
 
 from __future__ import annotations
