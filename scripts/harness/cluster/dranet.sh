@@ -1,7 +1,7 @@
 # Sourced by scripts/cluster.sh (its variables and state are in scope): dranet beside netclaim on the node
 # shellcheck shell=bash
 
-# dranet on the node (sourced by the cluster script): `up --with-dranet`, dranet-start, dranet-stop.
+# `up --with-dranet`, dranet-start, dranet-stop.
 #
 # dranet (kubernetes-sigs/dranet, driver `dra.net`, built by scripts/build/dranet.sh) is a
 # kubelet plugin and an NRI plugin: containerd's NRI is enabled only on a --with-dranet node
