@@ -64,11 +64,16 @@ class RealCluster:
     env: dict[str, str] = field(repr=False)
 
     @classmethod
-    def up(cls, directory: str, base_env: dict[str, str] | None = None, nodes: int = 0) -> "RealCluster":
-        """`cluster.sh up` (one node), or `up --nodes N` when nodes is given."""
+    def up(cls, directory: str, base_env: dict[str, str] | None = None, with_dranet: bool = False,
+           nodes: int = 0) -> "RealCluster":
+        """`cluster.sh up` (with `--with-dranet`: containerd's NRI on and dranet running on the node), or
+        `up --nodes N` when nodes is given."""
         env = dict(base_env or os.environ)
         env["NETCLAIM_CLUSTER_DIR"] = directory
-        values = parse_env(cluster_sh("up", *(["--nodes", str(nodes)] if nodes else []), env=env))
+        args = ["--with-dranet"] if with_dranet else []
+        if nodes:
+            args = ["--nodes", str(nodes)]
+        values = parse_env(cluster_sh("up", *args, env=env))
         return cls(directory, values, env)
 
     def sh(self, *args: str, timeout: float = 600) -> str:
