@@ -77,6 +77,30 @@ make_node_ns() { # make_node_ns I: the node's mount namespace, persisted as a fi
         mount --bind "$2/cdi" "$4"' sh "$NSDIR" "$TOP/n$i" "$NODE_ALIAS" "$CDI_NODE_DIR"
 }
 
+# The host's /var/run/cdi is only the mount point of every node's own CDI dir. Made by a cluster, it
+# holds a mark (hidden from the nodes by their bind mounts) and goes with the last cluster that maps it:
+# removing it while another cluster's nodes map it would take their CDI dirs away (the kernel detaches
+# mounts on a directory removed in another mount namespace).
+CDI_MARK=.made-by-a-netclaim-test-cluster
+claim_cdi_dir() {
+    [[ -e "$CDI_NODE_DIR" ]] && return 0
+    mkdir -p "$CDI_NODE_DIR"
+    : >"$CDI_NODE_DIR/$CDI_MARK"
+}
+
+release_cdi_dir() { # after this cluster's node processes are gone
+    local real
+    [[ -f "$CDI_NODE_DIR/$CDI_MARK" ]] || return 0
+    real="$(realpath "$CDI_NODE_DIR")"
+    # shellcheck disable=SC2002 - cat goes on past processes that exit meanwhile
+    if cat /proc/[0-9]*/mountinfo 2>/dev/null | awk -v m="$real" '$5 == m {found=1} END {exit !found}'; then
+        return 0   # another cluster's node still maps it
+    fi
+    [[ "$(ls -A "$CDI_NODE_DIR")" == "$CDI_MARK" ]] || return 0
+    rm -f "$CDI_NODE_DIR/$CDI_MARK"
+    rmdir "$CDI_NODE_DIR" 2>/dev/null || true
+}
+
 node_cert() { # the kubelet's serving certificate, signed by the cluster CA for its node IP and name
     local pki="$DIR/pki"
     mkdir -p "$pki" && chmod 700 "$pki"
@@ -184,14 +208,14 @@ cmd_up_nodes() { # cmd_up_nodes N
     NODE_NET="${SUBNETS[0]}"
     VARLIB_KUBELET_CREATED=0; [[ -e /var/lib/kubelet ]] || VARLIB_KUBELET_CREATED=1
     VARLOG_CONTAINERS_CREATED=0; [[ -e /var/log/containers ]] || VARLOG_CONTAINERS_CREATED=1
-    CDI_CREATED=0; [[ -e "$CDI_NODE_DIR" ]] || CDI_CREATED=1
     : >"$STATE"; chmod 600 "$STATE"
-    for v in NODE_COUNT NODE_BASE NODE_NET DUMMY VARLIB_KUBELET_CREATED VARLOG_CONTAINERS_CREATED CDI_CREATED \
+    for v in NODE_COUNT NODE_BASE NODE_NET DUMMY VARLIB_KUBELET_CREATED VARLOG_CONTAINERS_CREATED \
              KUBELET SCHEDULER KCM KUBECTL DRA_DRIVER CONTAINERD SHIM CTR CRICTL RUNC; do
         save_var "$v"
     done
     save_sysctls
-    mkdir -p "$CDI_NODE_DIR" "$NODE_ALIAS" "$NSDIR"
+    claim_cdi_dir
+    mkdir -p "$NODE_ALIAS" "$NSDIR"
     make_node_ips
     mount --bind "$NSDIR" "$NSDIR" && mount --make-private "$NSDIR"
     for i in $(seq 1 "$count"); do
@@ -248,7 +272,7 @@ cmd_down_nodes_locked() {
         [[ "${VARLOG_CONTAINERS_CREATED:-0}" == 1 ]] && rmdir /var/log/containers 2>/dev/null || true
     fi
     if [[ "${VARLIB_KUBELET_CREATED:-0}" == 1 ]] && ! other_kubelet; then rm -rf /var/lib/kubelet; fi
-    if [[ "${CDI_CREATED:-0}" == 1 ]]; then rmdir "$CDI_NODE_DIR" 2>/dev/null || true; fi
+    release_cdi_dir
     rm -rf "$TOP"
     log "down"
 }
