@@ -54,7 +54,9 @@
 #   them and no other kubelet runs; the bridge and dranet's veth pairs are deleted. iptables are not touched
 #   (makeIPTablesUtilChains: false, ipMasq: false).
 #
-# Environment: NETCLAIM_CLUSTER_DIR, NETCLAIM_NODE_NAME (default nc-<hash of the dir>),
+# Environment: NETCLAIM_CLUSTER_DIR, NETCLAIM_NODE_NAME (default nc-<hash of the dir>; `up --nodes N`:
+# <that>-1 ... <that>-N), NETCLAIM_NODE_GRACE (`up --nodes N`: kube-controller-manager's
+# --node-monitor-grace-period, default 16s; the kubelets renew their leases every 2 s),
 # NETCLAIM_PUBLISHER_WRAPPER (tests: an executable the publisher is started through, which must
 # `exec "$@"` so the pid file stays the publisher's; the soak uses it to show the publisher another
 # boot id and clock).

@@ -16,7 +16,7 @@ of such a cluster notices:
   other nodes and its own leftovers go.
 Plus the figure pod create -> claim status visible over 12 pods on 3 nodes.
 
-NETCLAIM_MULTINODE_DIR picks the cluster dir (default <tmp>/nc-mn); NETCLAIM_CLUSTER_KEEP=1 leaves it up.
+NETCLAIM_MULTINODE_DIR picks the cluster dir (default <tmp>/nc-3n); NETCLAIM_CLUSTER_KEEP=1 leaves it up.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class MultiNode:
 def mn() -> Iterator[MultiNode]:
     if os.geteuid() != 0:
         pytest.fail("the real cluster needs root", pytrace=False)
-    directory = os.environ.get("NETCLAIM_MULTINODE_DIR", os.path.join(tempfile.gettempdir(), "nc-mn"))
+    directory = os.environ.get("NETCLAIM_MULTINODE_DIR", os.path.join(tempfile.gettempdir(), "nc-3n"))
     env = {**os.environ, "NETCLAIM_CLUSTER_DIR": directory}
     reused = os.path.exists(os.path.join(directory, "cluster.env"))
     t0 = time.monotonic()
