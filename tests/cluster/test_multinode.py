@@ -71,7 +71,8 @@ def mn() -> Iterator[MultiNode]:
         cluster = RealCluster.up(directory, env, nodes=NODES)
     except ClusterError as exc:
         try:
-            cluster_sh("down", env=env)
+            if not reused:  # a half-started cluster of ours; never someone else's cluster in that dir
+                cluster_sh("down", env=env)
         finally:
             pytest.fail(f"the 3-node cluster could not start: {exc}", pytrace=False)
     up_seconds = time.monotonic() - t0
