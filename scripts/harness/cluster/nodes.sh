@@ -178,8 +178,18 @@ node_down() { # node_down I: everything of one node, while the API server may st
         CONTAINER_RUNTIME_ENDPOINT="unix://$CTD/containerd.sock" timeout 60 "$CRICTL" rmp -fa >/dev/null 2>&1 || true
     fi
     stop_containerd
+    kill_cgroup_procs
     remove_cgroups
     ip link delete "$BRIDGE" type bridge 2>/dev/null || true
+}
+
+kill_cgroup_procs() { # what still runs in the node's cgroup root: containers of a node whose containerd was stopped
+    local h f pid
+    h="$(awk '$3 == "cgroup" && $4 ~ /(^|,)pids(,|$)/ {print $2; exit}' /proc/mounts)"
+    [[ -n "$h" && -d "$h/$CGROOT" ]] || return 0
+    for f in $(find "$h/$CGROOT" -name cgroup.procs); do
+        while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$f"
+    done
 }
 
 node_alive() { alive "$DIR/containerd.pid" && alive "$DIR/kubelet.pid" && alive "$DIR/dra-driver.pid"; }
