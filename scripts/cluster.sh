@@ -6,12 +6,18 @@
 #
 #   scripts/cluster.sh up                  start everything (no-op when up); the node's CNI chain is the
 #                                          primary network only (bridge + host-local), netclaim NOT installed
+#   scripts/cluster.sh up --with-multus    the same, then `multus-up`
+#   scripts/cluster.sh multus-up           Multus (thin plugin) becomes the node's primary CNI, delegating eth0 to the
+#                                          node's conflist; NetworkAttachmentDefinitions in `default` for macvlan,
+#                                          ipvlan, bridge2 and hostdev0..3, each chain ending in netclaim with its
+#                                          own claim request (harness/cluster/multus.sh; docs/multi-network.md)
 #   scripts/cluster.sh env                 shell exports: KUBECONFIG, CONTAINER_RUNTIME_ENDPOINT, NETCLAIM_*
 #   scripts/cluster.sh status              what runs
 #   scripts/cluster.sh down                stop everything `up` started and leave the host as it was
 #   scripts/cluster.sh install-netclaim    the operator way: scripts/install.sh chains the plugin into the
 #                                          conflist in containerd's CNI conf dir; the publisher runs as a
 #                                          node service with the shipped RBAC and a Node-bound token
+#                                          (NETCLAIM_REQUEST: the claim request eth0 reports under)
 #   scripts/cluster.sh uninstall-netclaim  stop the publisher, remove the plugin from the chain
 #   scripts/cluster.sh import-image FILE   import an OCI/docker image archive into containerd (k8s.io)
 #   scripts/cluster.sh kubectl ARGS...     the built kubectl with the admin kubeconfig
@@ -77,13 +83,14 @@ export NETCLAIM_CP_DIR="$CP_DIR" NETCLAIM_CP_NODES="$NODE" NETCLAIM_CP_CLUSTER=1
 
 
 # The body lives in scripts/harness/cluster/, one file per part of the node.
-for part in common host node controllers netclaim lifecycle; do
+for part in common host node controllers netclaim multus lifecycle; do
     # shellcheck source=/dev/null
     source "$HERE/harness/cluster/$part.sh"
 done
 
 case "${1:-}" in
-    up) cmd_up ;;
+    up) cmd_up; [[ "${2:-}" == --with-multus ]] && cmd_multus_up; true ;;
+    multus-up) cmd_multus_up ;;
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
@@ -101,5 +108,5 @@ case "${1:-}" in
     chain-keeper-start) load_state; alive "$DIR/chain-keeper.pid" || start_chain_keeper ;;
     chain-keeper-stop) load_state; stop_pid chain-keeper ;;
     -h|--help|help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop" >&2; exit 2 ;;
 esac

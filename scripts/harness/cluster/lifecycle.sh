@@ -106,6 +106,7 @@ cmd_down_locked() {
     unmount_under "$DIR"
     remove_cgroups
     ip link delete "$BRIDGE" type bridge 2>/dev/null || true
+    multus_down
     restore_sysctls
     if [[ -d /var/log/containers ]]; then
         find /var/log/containers -maxdepth 1 -type l -lname "$DIR/*" -delete 2>/dev/null || true

@@ -25,7 +25,7 @@ cmd_install_netclaim() {
     alive "$DIR/publisher.pid" || start_publisher
     if ! grep -q '"netclaim"' "$CONFLIST"; then
         "$HERE/install.sh" --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST" --driver-name "$DRIVER" \
-            --socket "$NC/publisher.sock" --spool-dir "$NC/spool" --state-dir "$NC/state" \
+            ${NETCLAIM_REQUEST:+--request "$NETCLAIM_REQUEST"} --socket "$NC/publisher.sock" --spool-dir "$NC/spool" --state-dir "$NC/state" \
             --log-file "$NC/plugin.log" --python "$PY"
     fi
     log "netclaim installed: $CONFLIST"
