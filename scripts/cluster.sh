@@ -47,6 +47,7 @@
 #   (makeIPTablesUtilChains: false, ipMasq: false).
 #
 # Environment: NETCLAIM_CLUSTER_DIR, NETCLAIM_NODE_NAME (default nc-<hash of the dir>),
+# NETCLAIM_DRA_DEVICES (devices the DRA driver publishes, default 8),
 # NETCLAIM_PUBLISHER_WRAPPER (tests: an executable the publisher is started through, which must
 # `exec "$@"` so the pid file stays the publisher's; the soak uses it to show the publisher another
 # boot id and clock).
