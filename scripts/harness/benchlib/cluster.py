@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first")
     parser.add_argument("--dir", default=os.environ.get("NETCLAIM_BENCH_CLUSTER_DIR", "/tmp/nc-clbench"),
                         help="the cluster's directory (scripts/cluster.sh)")
+    parser.add_argument("--multi-network", action="store_true",
+                        help="Multus as the primary CNI, three-network pods, netclaim in every chain vs none "
+                             "(benchlib/cluster_multi.py; written to cluster-multi-network.json)")
 
 
 def _progress(text: str) -> None:
@@ -167,6 +170,9 @@ class Rounds:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.multi_network:
+        from . import cluster_multi
+        return cluster_multi.run(args)
     _progress(f"bringing up the real cluster in {args.dir}")
     t0 = time.time()
     cluster = RealCluster.up(args.dir)
