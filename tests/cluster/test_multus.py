@@ -101,6 +101,10 @@ def test_one_claim_a_request_per_network(mcluster: RealCluster, mns: str) -> Non
     macs = {e[0]["networkData"]["hardwareAddress"] for e in v.entries.values()}
     assert len(macs) == 4, f"four interfaces, four MACs: {macs}"
     assert next(s for s in v.network_status if s["interface"] == "eth0").get("default") is True
+    # Multus's least-privilege identity (pods get, pods/status update, NAD get, DRA reads, Events) sufficed.
+    refused = [line for line in open(os.path.join(mcluster.dir, "multus.log"), errors="replace")
+               if "forbidden" in line.lower()]
+    assert not refused, f"Multus was refused by the API: {refused[:3]}"
 
 
 def test_a_claim_per_network_template_and_precreated(mcluster: RealCluster, mns: str) -> None:
