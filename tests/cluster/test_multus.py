@@ -20,6 +20,7 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -214,14 +215,22 @@ def _held_by(cluster: RealCluster, sandboxes: set[str]) -> list[str]:
     return held
 
 
+def _journaled(cluster: RealCluster, ns: str) -> int:
+    """Attachments of the namespace's pods the publisher's journal still holds (read-only look at its database)."""
+    path = os.path.join(cluster.dir, "nc", "state", "journal.db")
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
+        return db.execute("SELECT count(*) FROM attachments WHERE pod_namespace=?", (ns,)).fetchone()[0]
+
+
 def _nothing_left(cluster: RealCluster, ns: str, sandboxes: set[str]) -> None:
-    """Scaled to zero: no pod, no claim, no secondary address of theirs left on the node."""
+    """Scaled to zero: no pod, no claim, no attachment in the publisher, no secondary address of theirs left."""
     wait_until(lambda: not json.loads(cluster.kubectl("get", "pods,resourceclaims", "-n", ns, "-o", "json"))["items"],
                "pods and their claims gone", timeout=120)
     assert len(sandboxes) >= 10
     # The API forgets a pod before the kubelet stops its sandbox: DEL (Multus from its cache, then every
     # delegate) follows within seconds.
     wait_until(lambda: not _held_by(cluster, sandboxes), "the deleted pods' secondary addresses released", timeout=60)
+    wait_until(lambda: _journaled(cluster, ns) == 0, "the publisher to forget the deleted pods' attachments", timeout=60)
 
 
 def test_churn_three_networks_with_kubelet_and_containerd_restarts(mcluster: RealCluster, mns: str) -> None:
