@@ -195,18 +195,18 @@ cmd_multus_up() {
         ln -sfn "$p" "$CNI_BIN/$name"
     done
     mkdir -p "$MULTUS_DIR/cache" "$DIR/cni/ipam-multus" && chmod 700 "$MULTUS_DIR"
+    [[ "${MULTUS_UP:-0}" == 1 ]] || { MULTUS_UP=1; save_var MULTUS_UP; }   # before any host link: `down` removes them
     for l in $(multus_parents) $(multus_hostdevs); do
         ip link show "$l" >/dev/null 2>&1 || ip link add "$l" type veth peer name "$(peer_of "$l")"
         ip link set "$l" up && ip link set "$(peer_of "$l")" up
     done
-    MULTUS_UP=1; save_var MULTUS_UP
     nad_crd | kc apply -f - >/dev/null
     kc wait --for condition=established --timeout=60s crd/network-attachment-definitions.k8s.cni.cncf.io >/dev/null
     multus_rbac | kc apply -f - >/dev/null
     multus_kubeconfig >"$MULTUS_DIR/multus.kubeconfig.tmp" && mv "$MULTUS_DIR/multus.kubeconfig.tmp" "$MULTUS_DIR/multus.kubeconfig"
     chmod 600 "$MULTUS_DIR/multus.kubeconfig"
     {
-        local spec
+        local spec req sub
         for spec in "${MULTUS_NETWORKS[@]}"; do
             IFS=: read -r name req sub <<<"$spec"
             nad "$name" "$req" "$sub"
