@@ -6,7 +6,10 @@
 #
 #   scripts/cluster.sh up                  start everything (no-op when up); the node's CNI chain is the
 #                                          primary network only (bridge + host-local), netclaim NOT installed
-#   scripts/cluster.sh up --with-multus    the same, then `multus-up`
+#   scripts/cluster.sh up --with-dranet    the same, plus containerd's NRI and dranet (driver dra.net, built
+#                                          from its source snapshot by scripts/build/dranet.sh) publishing
+#                                          the host ends of veth pairs made for it (harness/cluster/dranet.sh)
+#   scripts/cluster.sh up --with-multus    `up`, then `multus-up` (may be combined with --with-dranet)
 #   scripts/cluster.sh multus-up           Multus (thin plugin) becomes the node's primary CNI, delegating eth0 to the
 #                                          node's conflist; NetworkAttachmentDefinitions in `default` for macvlan,
 #                                          ipvlan, bridge2 and hostdev0..3, each chain ending in netclaim with its
@@ -30,6 +33,8 @@
 #                                          the DaemonSet runs): it re-chains netclaim after a primary CNI
 #                                          rewrites the conflist; it installs <dir>/nc/keeper/netclaim (a copy of
 #                                          the installed plugin, made at its first start) as the plugin
+#   scripts/cluster.sh dranet-start|dranet-stop   (--with-dranet nodes) start dranet, giving its interfaces
+#                                          back their host addresses / stop it (the interfaces stay)
 #
 # Everything lives under $NETCLAIM_CLUSTER_DIR (default /tmp/netclaim-cluster; keep it short: the
 # kubelet's and the driver's unix sockets live under it and AF_UNIX paths stop at 108 bytes). The
@@ -43,8 +48,8 @@
 #   the kubelet's rshared bind mount of its root dir and pod volume mounts are unmounted;
 #   the cgroup root is removed depth first from every hierarchy (the cgroup2 one included);
 #   /var/lib/kubelet (device-plugins socket) and /var/log/containers are removed if `up` created
-#   them and no other kubelet runs; the bridge is deleted. iptables are not touched
-#   (makeIPTablesUtilChains: false, ipMasq: false).
+#   them and no other kubelet runs; the bridge, dranet's veth pairs and the links of multus-up are deleted.
+#   iptables are not touched (makeIPTablesUtilChains: false, ipMasq: false).
 #
 # Environment: NETCLAIM_CLUSTER_DIR, NETCLAIM_NODE_NAME (default nc-<hash of the dir>),
 # NETCLAIM_DRA_DEVICES (devices the DRA driver publishes, default 8),
@@ -84,13 +89,13 @@ export NETCLAIM_CP_DIR="$CP_DIR" NETCLAIM_CP_NODES="$NODE" NETCLAIM_CP_CLUSTER=1
 
 
 # The body lives in scripts/harness/cluster/, one file per part of the node.
-for part in common host node controllers netclaim multus lifecycle; do
+for part in common host node controllers netclaim dranet multus lifecycle; do
     # shellcheck source=/dev/null
     source "$HERE/harness/cluster/$part.sh"
 done
 
 case "${1:-}" in
-    up) cmd_up; [[ "${2:-}" == --with-multus ]] && cmd_multus_up; true ;;
+    up) shift; cmd_up_maybe_multus "$@" ;;
     multus-up) cmd_multus_up ;;
     down) cmd_down ;;
     env) cmd_env ;;
@@ -108,6 +113,8 @@ case "${1:-}" in
     apiserver-stop|apiserver-start) load_state; "$HERE/control-plane.sh" "$1" >/dev/null ;;
     chain-keeper-start) load_state; alive "$DIR/chain-keeper.pid" || start_chain_keeper ;;
     chain-keeper-stop) load_state; stop_pid chain-keeper ;;
+    dranet-start) load_state; start_dranet ;;
+    dranet-stop) load_state; stop_dranet ;;
     -h|--help|help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop" >&2; exit 2 ;;
 esac

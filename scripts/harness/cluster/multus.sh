@@ -184,6 +184,15 @@ exec unshare --mount --propagation private /bin/sh -c 'mount --bind "\$0" /var/l
 EOF
 }
 
+cmd_up_maybe_multus() { # cmd_up_maybe_multus ARGS...: `up` with its own flags, then multus-up when --with-multus is one
+    local a rest=() multus=0
+    for a in "$@"; do
+        if [[ "$a" == --with-multus ]]; then multus=1; else rest+=("$a"); fi
+    done
+    cmd_up "${rest[@]}"
+    ((multus == 0)) || cmd_multus_up
+}
+
 cmd_multus_up() {
     load_state
     [[ -d /var/lib/kubelet ]] || die "no /var/lib/kubelet (the kubelet makes it at its start): is the node up?"
