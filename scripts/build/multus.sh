@@ -22,7 +22,7 @@ if ((${#snapshots[@]} == 0)); then
     # No snapshot at hand: a binary built earlier still serves.
     mapfile -t built < <(find "$BIN" -maxdepth 1 -name 'multus-*' -perm -u+x ! -name '*.tmp' 2>/dev/null | sort)
     if ((${#built[@]})); then log "multus cached (no snapshot in $PEERS)"; echo "${built[-1]}"; exit 0; fi
-    log "no Multus source snapshot (multus-cni-<commit>.tar.gz) in $PEERS; set NETCLAIM_PEERS_DIR to its directory"
+    log "no Multus source snapshot (multus-cni-<commit>.tar.gz) in $PEERS; run scripts/setup.sh with NETCLAIM_PEERS_DIR set to its directory"
     exit 1
 fi
 SNAPSHOT="${snapshots[-1]}"
