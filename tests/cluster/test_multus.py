@@ -127,6 +127,31 @@ def test_a_claim_per_network_template_and_precreated(mcluster: RealCluster, mns:
     assert entry["networkData"]["interfaceName"] == "net1"
 
 
+def test_two_networks_on_one_request_are_refused_not_guessed(mcluster: RealCluster, mns: str) -> None:
+    """net1 and net2 both name request `macvlan`, which holds two devices: nothing tells which is which
+    (Multus's deviceID is not read), so neither gets an entry and the claim carries an AmbiguousDevice
+    Warning; eth0 is still reported and the pod runs."""
+    cls = mcluster.values["NETCLAIM_DEVICE_CLASS"]
+    template = multinet.claim_template(mns, "pair", ["nic", "macvlan"], cls)
+    template["spec"]["spec"]["devices"]["requests"][1]["exactly"]["count"] = 2
+    mcluster.apply(template, multinet.pod(mns, "p", [MACVLAN, Attachment("macvlan", "net2")],
+                                          {"net": {"resourceClaimTemplateName": "pair"}}))
+    mcluster.wait_running(mns, "p")
+    claim = mcluster.pod_claim(mns, "p")
+
+    def warned() -> bool:
+        out = mcluster.kubectl("get", "events", "-n", mns, "--field-selector",
+                               f"reason=AmbiguousDevice,involvedObject.name={claim}", "-o", "json")
+        return bool(json.loads(out)["items"])
+
+    wait_until(warned, f"an AmbiguousDevice Warning on claim {claim}", timeout=30)
+    v = multinet.view(mcluster, mns, "p")
+    assert sorted(v.entries) == ["eth0"], f"entries for {sorted(v.entries)}: a guess"
+    (eth0,) = v.entries["eth0"]
+    assert eth0["networkData"]["hardwareAddress"] == v.netns["eth0"].mac
+    assert eth0["networkData"]["ips"] == v.netns["eth0"].cidrs
+
+
 def ipvlan_supported() -> bool:
     probe = subprocess.run(["ip", "link", "add", "ncprobe0", "type", "ipvlan"], capture_output=True, text=True)
     subprocess.run(["ip", "link", "del", "ncprobe0"], capture_output=True)
