@@ -125,7 +125,8 @@ stop_containerd() {
     stop_pid containerd
     # Shims outlive containerd by design; ours are the ones serving our containerd's address.
     local pid i
-    for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CTD/containerd.sock" || true); do
+    # The shim re-executes itself by its resolved path (containerd-shim-runc-v2-<version>): match both names.
+    for pid in $(pgrep -f "containerd-shim-runc-v2[^ ]* .*-address $CTD/containerd.sock( |$)" || true); do
         kill -TERM "$pid" 2>/dev/null || true
         for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     done
