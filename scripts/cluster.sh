@@ -6,6 +6,9 @@
 #
 #   scripts/cluster.sh up                  start everything (no-op when up); the node's CNI chain is the
 #                                          primary network only (bridge + host-local), netclaim NOT installed
+#       [--networks N]                     N conflists, pods get eth0..eth<N-1> (containerd's max_conf_num;
+#                                          harness/cluster/networks.sh); default 1
+#       [--dual-stack]                     the primary network has an IPv4 and an IPv6 range
 #   scripts/cluster.sh env                 shell exports: KUBECONFIG, CONTAINER_RUNTIME_ENDPOINT, NETCLAIM_*
 #   scripts/cluster.sh status              what runs
 #   scripts/cluster.sh down                stop everything `up` started and leave the host as it was
@@ -77,13 +80,13 @@ export NETCLAIM_CP_DIR="$CP_DIR" NETCLAIM_CP_NODES="$NODE" NETCLAIM_CP_CLUSTER=1
 
 
 # The body lives in scripts/harness/cluster/, one file per part of the node.
-for part in common host node controllers netclaim lifecycle; do
+for part in common host node controllers netclaim networks lifecycle; do
     # shellcheck source=/dev/null
     source "$HERE/harness/cluster/$part.sh"
 done
 
 case "${1:-}" in
-    up) cmd_up ;;
+    up) shift; parse_network_options "$@"; cmd_up ;;
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
@@ -101,5 +104,5 @@ case "${1:-}" in
     chain-keeper-start) load_state; alive "$DIR/chain-keeper.pid" || start_chain_keeper ;;
     chain-keeper-stop) load_state; stop_pid chain-keeper ;;
     -h|--help|help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--networks N] [--dual-stack]|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop" >&2; exit 2 ;;
 esac

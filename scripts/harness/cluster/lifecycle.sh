@@ -17,6 +17,7 @@ cmd_up() {
     flock 9
     if [[ -f "$STATE" ]] && all_alive; then
         load_state
+        networks_match
         node_untainted || die "cluster in $DIR runs but node $NODE is not Ready (see $DIR/*.log)"
         log "already up"
         cmd_env
@@ -28,6 +29,7 @@ cmd_up() {
     NODE_IP="$(node_ip)"
     [[ -n "$NODE_IP" ]] || die "no default route: cannot choose the kubelet's --node-ip"
     pick_subnet
+    pick_network_subnets
     KUBELET_PORT="$(free_port)"
     KUBELET_HEALTHZ_PORT="$(free_port)"
     VARLIB_KUBELET_CREATED=0; [[ -e /var/lib/kubelet ]] || VARLIB_KUBELET_CREATED=1
@@ -38,6 +40,7 @@ cmd_up() {
              VARLOG_CONTAINERS_CREATED KUBELET SCHEDULER KCM KUBECTL DRA_DRIVER CONTAINERD SHIM CTR CRICTL RUNC; do
         save_var "$v"
     done
+    save_network_state
     save_sysctls
     make_cgroups
 
@@ -60,7 +63,7 @@ cmd_up() {
     device_class
     wait_for 90 "the not-ready taint to go" node_untainted
     restore_sysctls
-    log "up in $((SECONDS - t0))s: node $NODE Ready, driver $DRIVER publishing, pod subnet $SUBNET"
+    log "up in $((SECONDS - t0))s: node $NODE Ready, driver $DRIVER publishing, $(network_summary)"
     cmd_env
 }
 
@@ -106,6 +109,7 @@ cmd_down_locked() {
     unmount_under "$DIR"
     remove_cgroups
     ip link delete "$BRIDGE" type bridge 2>/dev/null || true
+    remove_networks
     restore_sysctls
     if [[ -d /var/log/containers ]]; then
         find /var/log/containers -maxdepth 1 -type l -lname "$DIR/*" -delete 2>/dev/null || true
@@ -140,6 +144,7 @@ cmd_env() {
     printf 'export NETCLAIM_PUBLISHER_SOCKET=%q\n' "$NC/publisher.sock"
     printf 'export NETCLAIM_PUBLISHER_LOG=%q\n' "$DIR/publisher.log"
     printf 'export NETCLAIM_PLUGIN_LOG=%q\n' "$NC/plugin.log"
+    network_env
 }
 
 cmd_status() {

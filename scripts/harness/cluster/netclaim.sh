@@ -24,10 +24,12 @@ cmd_install_netclaim() {
         --driver "$DRIVER" --out "$NC/publisher.kubeconfig" >/dev/null
     alive "$DIR/publisher.pid" || start_publisher
     if ! grep -q '"netclaim"' "$CONFLIST"; then
-        "$HERE/install.sh" --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST" --driver-name "$DRIVER" \
+        netclaim_request_args 0
+        "$HERE/install.sh" --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST" --driver-name "$DRIVER" "${REQUEST_ARGS[@]}" \
             --socket "$NC/publisher.sock" --spool-dir "$NC/spool" --state-dir "$NC/state" \
             --log-file "$NC/plugin.log" --python "$PY"
     fi
+    install_netclaim_networks
     log "netclaim installed: $CONFLIST"
 }
 
@@ -45,6 +47,7 @@ start_chain_keeper() { # the keeper of the DaemonSet, as a node process, for the
 cmd_uninstall_netclaim() {
     load_state
     stop_pid chain-keeper  # or it chains netclaim back in
+    uninstall_netclaim_networks
     if grep -q '"netclaim"' "$CONFLIST" 2>/dev/null; then
         "$HERE/install.sh" --uninstall --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST"
     fi
