@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import (DRIVER, Cluster, Plugin, add, drained, send_check, take_interface_name,
+from publisher_testkit import (DRIVER, Cluster, Plugin, add, drained, send_check, take_interface_name, wait_until,
                                suffix)
 
 pytestmark = pytest.mark.controlplane
