@@ -37,8 +37,9 @@ from kubernetes import client
 
 from deploylib import REPO
 
-from benchlib.scale import (APF_KINDS, Endpoint, PodSpec, apf_documents, apply_apf, claim_status_apply,
-                            ensure_device_class, flood, kubelet_probe, scheduled_pod, scrape, total)
+from benchlib.scale_apf import APF_KINDS, Endpoint, apf_documents, apply_apf, claim_status_apply, flood, kubelet_probe
+from benchlib.scale_metrics import scrape, total
+from benchlib.scale_objects import PodSpec, ensure_device_class, scheduled_pod
 from runtime.identity import apply_shipped_rbac, ensure_node, node_token
 
 CONTROL_PLANE = REPO / "scripts" / "control-plane.sh"

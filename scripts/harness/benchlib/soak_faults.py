@@ -7,38 +7,29 @@ began and when the condition it made was undone (its `end`: the restarted
 service answers, the lock is released, the disk has room again); the soak's
 invariants give the node 10 s from that moment.
 
-A simulated reboot changes what the node's netclaim processes read as boot id
-and clocks without touching the host (other processes on the host share its
-boot id and clock): the publisher and every plugin run are started through
-`unshare` into their own mount namespace, where a file with a fresh UUID is
-bind-mounted over /proc/sys/kernel/random/boot_id, and their own time
-namespace, where CLOCK_BOOTTIME and CLOCK_MONOTONIC restart near zero. The
-wall clock cannot be offset by a namespace, so while the "clock behind" lasts
-both run as Python with the test-only shim of soak_clockshim.py (the plugin
-through a source-tree launcher instead of its static executable); the
-`ntp-step` fault ends that phase and the static plugin runs again, still in the
-new boot.
+A simulated reboot (soak_boot.py) gives the node's netclaim processes a new
+boot id and clocks without touching the host.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from runtime.procs import pid_alive, wait_gone
 from runtime.realcluster import CLUSTER_SH, RealCluster, cluster_sh
 
+from .soak_boot import kill_pods, new_boot, wipe_run_state, write_boot
+
 REPO = Path(__file__).resolve().parents[3]
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 SUPERVISED = ("publisher", "kubelet", "containerd", "chain-keeper", "kube-apiserver")
 
 
@@ -64,24 +55,6 @@ class Crash:
     log_tail: str
     restarted: bool = False
     restart_error: str = ""
-
-
-def pid_alive(pid: int) -> bool:
-    """Alive and not a zombie (an unreaped child still answers kill -0)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def tail(path: Path, n: int = 8) -> str:
@@ -414,16 +387,6 @@ class ConflistRewrite(Fault):
         record.notes.append("NOT re-chained within 30s")
 
 
-@dataclass
-class Boot:
-    """The node's current boot as its netclaim processes see it."""
-
-    boot_id: str
-    boottime_offset: int
-    monotonic_offset: int
-    dir: Path
-
-
 class Reboot(Fault):
     """Power-cycle the node without touching the host: services stopped, every pod process killed, the runtime's
     /run-like state wiped (netns mounts, shim and runc state), then the services start in a new boot (new boot id,
@@ -465,132 +428,6 @@ class NtpStep(Fault):
         record.notes.append(f"wall clock stepped from {was}s to 0s")
         nudge()
         time.sleep(2)  # the shim re-reads the offset every second
-
-
-def kill_pods(node: Node) -> int:
-    """SIGKILL every process in the node's cgroup root and every shim of its containerd (what a power cut does)."""
-    cgroot = "nc-" + node.cluster.values["NETCLAIM_BRIDGE"].removeprefix("ncb-")
-    shim_addr = f"{node.dir / 'c' / 'containerd.sock'}"
-    victims = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if f"/{cgroot}/" in cgroup or ("containerd-shim" in cmdline and shim_addr in cmdline):
-            victims.append(pid)
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for pid in victims:
-        wait_gone(pid, 10)
-    return len(victims)
-
-
-def wipe_run_state(node: Node) -> int:
-    """Release what a reboot clears from /run: mounts under containerd's state dir, its and runc's state."""
-    ctd = node.dir / "c"
-    released = 0
-    for root in (ctd / "state", ctd / "runc"):
-        prefix = f"{root}/"
-        with open("/proc/self/mounts", encoding="utf-8") as fh:
-            mounts = [line.split()[1] for line in fh if line.split()[1].startswith(prefix)]
-        for mount in sorted(mounts, key=len, reverse=True):
-            if subprocess.run(["umount", mount], capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", mount], capture_output=True)
-            released += 1
-        if root.is_dir():
-            for child in root.iterdir():
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    child.unlink(missing_ok=True)
-    return released
-
-
-def new_boot(soak_dir: Path) -> Boot:
-    """A fresh boot id, and clock offsets that make the new boot about 20 s old."""
-    boot_id = str(uuid.uuid4())
-    directory = soak_dir / f"boot-{boot_id[:8]}"
-    directory.mkdir(parents=True, exist_ok=True)
-    boottime = time.clock_gettime(time.CLOCK_BOOTTIME)
-    monotonic = time.clock_gettime(time.CLOCK_MONOTONIC)
-    return Boot(boot_id, -int(boottime - 20), -int(monotonic - 20), directory)
-
-
-ENTER = """#!/bin/sh
-# Generated by the soak (scripts/harness/benchlib/soak_faults.py), TEST ONLY: run "$@" in the simulated boot
-# {boot_id}: its own mount namespace (boot_id file bind-mounted) and time namespace (CLOCK_BOOTTIME and
-# CLOCK_MONOTONIC offset), with the wall-clock shim for Python processes.
-export PYTHONPATH={shim_dir} NETCLAIM_SOAK_CLOCK_FILE={clock}
-exec {unshare} --mount --propagation slave --time --boottime {boottime} --monotonic {monotonic} \\
-    /bin/sh -c '{mount} --bind {boot_file} {boot_id_path} && exec "$@"' sh "$@"
-"""
-
-PLUGIN = """#!/bin/sh
-# Generated by the soak, TEST ONLY: the netclaim plugin in the simulated boot. While the clock is behind,
-# the plugin runs from source with the wall-clock shim (a static executable's clock cannot be shifted);
-# afterwards the static plugin runs again.
-if [ "$(cat {clock} 2>/dev/null)" = "0" ]; then
-    exec {enter} {static} "$@"
-fi
-exec {enter} {launcher} "$@"
-"""
-
-LAUNCHER = """#!{python} -IS
-# Generated by the soak, TEST ONLY: the source-tree plugin with the wall-clock shim.
-import sys
-sys.path.insert(0, {shim_dir!r})
-import soak_clockshim
-soak_clockshim.install({clock!r})
-sys.path.insert(0, {root!r})
-from cni_plugin.main import main
-sys.exit(main())
-"""
-
-SITECUSTOMIZE = """# Generated by the soak, TEST ONLY: the publisher's wall-clock shim (soak_clockshim.py is beside it).
-import soak_clockshim
-soak_clockshim.install()
-"""
-
-
-def write_executable(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, path)
-
-
-def write_boot(node: Node, boot: Boot, behind: float) -> None:
-    """Write the boot's files and install its plugin wrapper (for the runtime and for the chain keeper)."""
-    d = boot.dir
-    (d / "boot_id").write_text(boot.boot_id + "\n")
-    clock = node.soak_dir / "clock-offset"
-    clock.write_text(f"{-behind:.0f}\n")
-    shim_dir = d / "py"  # only the shim and sitecustomize: nothing here may shadow a real module
-    shim_dir.mkdir(exist_ok=True)
-    shutil.copy2(Path(__file__).with_name("soak_clockshim.py"), shim_dir / "soak_clockshim.py")
-    (shim_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    static = node.soak_dir / "netclaim.static"
-    if not static.exists():
-        shutil.copy2(node.nc / "keeper" / "netclaim", static)
-    write_executable(d / "enter", ENTER.format(
-        boot_id=boot.boot_id, shim_dir=shim_dir, clock=clock, unshare=shutil.which("unshare"),
-        boottime=boot.boottime_offset, monotonic=boot.monotonic_offset, mount=shutil.which("mount"),
-        boot_file=d / "boot_id", boot_id_path=BOOT_ID))
-    write_executable(d / "launcher", LAUNCHER.format(
-        python=sys.executable, shim_dir=str(shim_dir), clock=str(clock), root=str(REPO)))
-    plugin = PLUGIN.format(clock=clock, enter=d / "enter", static=static, launcher=d / "launcher")
-    # The keeper installs its source when the target changes: both get the wrapper.
-    write_executable(node.nc / "keeper" / "netclaim", plugin)
-    write_executable(Path(node.cluster.values["NETCLAIM_CNI_BIN"]) / "netclaim", plugin)
-    node.publisher_wrapper = d / "enter"
 
 
 def restart_phase() -> list[Fault]:

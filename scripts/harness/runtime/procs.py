@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 
 
 def terminate(proc: subprocess.Popen, timeout: float = 15.0) -> bool:
@@ -18,4 +19,22 @@ def terminate(proc: subprocess.Popen, timeout: float = 15.0) -> bool:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie (an unreaped child still answers kill -0)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
     return True
