@@ -20,6 +20,7 @@ import ipaddress
 import json
 import os
 import tempfile
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -244,3 +245,31 @@ def publisher_metric(cluster: RealCluster, name: str) -> float:
         if key == name or ("{" not in name and key.startswith(name + "{")):
             total += float(value)
     return total
+
+
+def test_chain_keeper_keeps_each_network_its_own_entry(multi_cluster: RealCluster, ns: str) -> None:
+    """The DaemonSet's chain keeper (run as a node process) keeps its entry in the primary conflist and leaves
+    the second network's entry alone: eth1's file is not touched, and a pod still gets both entries."""
+    c, v = multi_cluster, multi_cluster.values
+    files = [Path(v[f"NETCLAIM_NET{i}_CONFLIST"]) for i in (0, 1)]
+    second = files[1].read_bytes()
+    log = Path(c.dir) / "chain-keeper.log"
+    start = log.stat().st_size if log.exists() else 0
+    c.sh("chain-keeper-start")
+    try:
+        wait_until(lambda: '"chain status"' in log.read_text()[start:], "the keeper's first look at the conf dir",
+                   timeout=60)
+        time.sleep(3.0)  # a few more polls (every second)
+        assert files[1].read_bytes() == second, "the keeper rewrote the second network's conflist"
+        entries = [[(p.get("driverName"), p.get("request")) for p in json.loads(f.read_text())["plugins"]
+                    if p["type"] == "netclaim"] for f in files]
+        assert entries == [[(c.driver, "nic")], [(c.driver, "nic1")]]
+        claim(c, ns, "kept", "nic", "nic1")
+        pod(c, ns, "kept", claims={"net": "kept"})
+        c.wait_running(ns, "kept")
+        obj = c.claim_yaml(ns, "kept")
+        found = ready_entries(c, ns, "kept", 2)
+        assert_entry_is_the_interface(c, ns, "kept", found[device_of(obj, "nic")], "eth0")
+        assert_entry_is_the_interface(c, ns, "kept", found[device_of(obj, "nic1")], "eth1")
+    finally:
+        c.sh("chain-keeper-stop")

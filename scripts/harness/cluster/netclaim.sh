@@ -38,9 +38,10 @@ start_chain_keeper() { # the keeper of the DaemonSet, as a node process, for the
     mkdir -p "$NC/keeper" && chmod 700 "$NC/keeper"
     [[ -f "$NC/keeper/netclaim" ]] || cp "$CNI_BIN/netclaim" "$NC/keeper/netclaim"
     log "starting the chain keeper (conflist $(basename "$CONFLIST"))"
+    netclaim_request_args 0  # with several networks, the primary's entry keeps its request
     start chain-keeper "$ROOT/.venv/bin/netclaim-publisher" chain-keeper --cni-conf-dir "$CNI_CONF" \
         --cni-bin-dir "$CNI_BIN" --conflist "$(basename "$CONFLIST")" --plugin-binary "$NC/keeper/netclaim" \
-        --driver-name "$DRIVER" --plugin-socket "$NC/publisher.sock" --plugin-spool-dir "$NC/spool" \
+        --driver-name "$DRIVER" "${REQUEST_ARGS[@]}" --plugin-socket "$NC/publisher.sock" --plugin-spool-dir "$NC/spool" \
         --plugin-log-file "$NC/plugin.log" --log-format json
 }
 
