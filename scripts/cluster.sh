@@ -9,6 +9,9 @@
 #       [--networks N]                     N conflists, pods get eth0..eth<N-1> (containerd's max_conf_num;
 #                                          harness/cluster/networks.sh); default 1
 #       [--dual-stack]                     the primary network has an IPv4 and an IPv6 range
+#   scripts/cluster.sh up --with-dranet    the same, plus containerd's NRI and dranet (driver dra.net, built
+#                                          from its source snapshot by scripts/build/dranet.sh) publishing
+#                                          the host ends of veth pairs made for it (harness/cluster/dranet.sh)
 #   scripts/cluster.sh env                 shell exports: KUBECONFIG, CONTAINER_RUNTIME_ENDPOINT, NETCLAIM_*
 #   scripts/cluster.sh status              what runs
 #   scripts/cluster.sh down                stop everything `up` started and leave the host as it was
@@ -27,6 +30,8 @@
 #                                          the DaemonSet runs): it re-chains netclaim after a primary CNI
 #                                          rewrites the conflist; it installs <dir>/nc/keeper/netclaim (a copy of
 #                                          the installed plugin, made at its first start) as the plugin
+#   scripts/cluster.sh dranet-start|dranet-stop   (--with-dranet nodes) start dranet, giving its interfaces
+#                                          back their host addresses / stop it (the interfaces stay)
 #
 # Everything lives under $NETCLAIM_CLUSTER_DIR (default /tmp/netclaim-cluster; keep it short: the
 # kubelet's and the driver's unix sockets live under it and AF_UNIX paths stop at 108 bytes). The
@@ -40,7 +45,7 @@
 #   the kubelet's rshared bind mount of its root dir and pod volume mounts are unmounted;
 #   the cgroup root is removed depth first from every hierarchy (the cgroup2 one included);
 #   /var/lib/kubelet (device-plugins socket) and /var/log/containers are removed if `up` created
-#   them and no other kubelet runs; the bridge is deleted. iptables are not touched
+#   them and no other kubelet runs; the bridge and dranet's veth pairs are deleted. iptables are not touched
 #   (makeIPTablesUtilChains: false, ipMasq: false).
 #
 # Environment: NETCLAIM_CLUSTER_DIR, NETCLAIM_NODE_NAME (default nc-<hash of the dir>),
@@ -80,13 +85,13 @@ export NETCLAIM_CP_DIR="$CP_DIR" NETCLAIM_CP_NODES="$NODE" NETCLAIM_CP_CLUSTER=1
 
 
 # The body lives in scripts/harness/cluster/, one file per part of the node.
-for part in common host node controllers netclaim networks lifecycle; do
+for part in common host node controllers netclaim networks dranet lifecycle; do
     # shellcheck source=/dev/null
     source "$HERE/harness/cluster/$part.sh"
 done
 
 case "${1:-}" in
-    up) shift; parse_network_options "$@"; cmd_up ;;
+    up) shift; parse_network_options "$@"; cmd_up "${UP_ARGS[@]}" ;;
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
@@ -103,6 +108,8 @@ case "${1:-}" in
     apiserver-stop|apiserver-start) load_state; "$HERE/control-plane.sh" "$1" >/dev/null ;;
     chain-keeper-start) load_state; alive "$DIR/chain-keeper.pid" || start_chain_keeper ;;
     chain-keeper-stop) load_state; stop_pid chain-keeper ;;
+    dranet-start) load_state; start_dranet ;;
+    dranet-stop) load_state; stop_dranet ;;
     -h|--help|help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up [--networks N] [--dual-stack]|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--networks N] [--dual-stack] [--with-dranet]|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop" >&2; exit 2 ;;
 esac

@@ -48,8 +48,23 @@ make_venv() {
     echo "$want" >"$stamp"
 }
 
+# The peers' source snapshots (Multus, dranet: their modules are not served, so they are built from
+# snapshots). A checkout that has them beside it (../shared/peers, or $NETCLAIM_PEERS_DIR) copies them
+# into the cache, where every later clone's builds find them.
+seed_peers() {
+    local src="${NETCLAIM_PEERS_DIR:-$ROOT/../shared/peers}" dst="${XDG_CACHE_HOME:-$HOME/.cache}/netclaim/peers" f
+    [[ -d "$src" ]] || return 0
+    mkdir -p "$dst"
+    for f in "$src"/*.tar.gz; do
+        [[ -f "$f" && ! -f "$dst/$(basename "$f")" ]] || continue
+        cp "$f" "$dst/.$(basename "$f").tmp" && mv "$dst/.$(basename "$f").tmp" "$dst/$(basename "$f")"
+        log "peer snapshot $(basename "$f") kept in the cache"
+    done
+}
+
 install_packages
 make_venv
+seed_peers
 "$ROOT/scripts/build-plugin.sh" >/dev/null  # the self-contained CNI plugin (cached outside the repo)
 "$ROOT/scripts/build-plugin.sh" --arch arm64 >/dev/null  # the same cross-built for arm64 nodes (tests run it under qemu-user)
 # shellcheck disable=SC2086

@@ -10,7 +10,10 @@ all_alive() {
     done
 }
 
-cmd_up() {
+cmd_up() { # cmd_up [--with-dranet]
+    local want_dranet=0
+    [[ "${1:-}" == --with-dranet ]] && want_dranet=1
+    [[ -z "${1:-}" || "$want_dranet" == 1 ]] || die "usage: $0 up [--with-dranet]"
     [[ "$(id -u)" == 0 ]] || die "needs root (kubelet, containerd, cgroups, network namespaces)"
     mkdir -p "$DIR" && chmod 700 "$DIR"
     exec 9>"$DIR/.lock"
@@ -19,6 +22,10 @@ cmd_up() {
         load_state
         networks_match
         node_untainted || die "cluster in $DIR runs but node $NODE is not Ready (see $DIR/*.log)"
+        if ((want_dranet)); then
+            [[ "${WITH_DRANET:-0}" == 1 ]] || die "cluster in $DIR runs without NRI: take it down, then up --with-dranet"
+            start_dranet
+        fi
         log "already up"
         cmd_env
         return 0
@@ -34,10 +41,12 @@ cmd_up() {
     KUBELET_HEALTHZ_PORT="$(free_port)"
     VARLIB_KUBELET_CREATED=0; [[ -e /var/lib/kubelet ]] || VARLIB_KUBELET_CREATED=1
     VARLOG_CONTAINERS_CREATED=0; [[ -e /var/log/containers ]] || VARLOG_CONTAINERS_CREATED=1
+    WITH_DRANET="$want_dranet"
     : >"$STATE"
     chmod 600 "$STATE"
     for v in NODE NODE_IP SUBNET KUBELET_PORT KUBELET_HEALTHZ_PORT VARLIB_KUBELET_CREATED \
-             VARLOG_CONTAINERS_CREATED KUBELET SCHEDULER KCM KUBECTL DRA_DRIVER CONTAINERD SHIM CTR CRICTL RUNC; do
+             VARLOG_CONTAINERS_CREATED KUBELET SCHEDULER KCM KUBECTL DRA_DRIVER CONTAINERD SHIM CTR CRICTL RUNC \
+             WITH_DRANET; do
         save_var "$v"
     done
     save_network_state
@@ -61,6 +70,7 @@ cmd_up() {
     start_kubelet
     start_driver
     device_class
+    ((want_dranet)) && start_dranet
     wait_for 90 "the not-ready taint to go" node_untainted
     restore_sysctls
     log "up in $((SECONDS - t0))s: node $NODE Ready, driver $DRIVER publishing, $(network_summary)"
@@ -99,7 +109,7 @@ other_kubelet() { # another kubelet runs on this host (its /var/lib/kubelet must
 cmd_down_locked() {
     [[ -f "$STATE" ]] && source "$STATE"
     [[ -n "${KUBECTL:-}" ]] && delete_pods
-    stop_pid chain-keeper publisher dra-driver kubelet kube-scheduler kube-controller-manager
+    stop_pid chain-keeper publisher dranet dra-driver kubelet kube-scheduler kube-controller-manager
     if [[ -n "${CRICTL:-}" ]] && alive "$DIR/containerd.pid"; then
         # What the kubelet left: stop and remove every sandbox so CNI DEL runs.
         CONTAINER_RUNTIME_ENDPOINT="unix://$CTD/containerd.sock" timeout 60 "$CRICTL" rmp -fa >/dev/null 2>&1 || true
@@ -110,6 +120,7 @@ cmd_down_locked() {
     remove_cgroups
     ip link delete "$BRIDGE" type bridge 2>/dev/null || true
     remove_networks
+    [[ "${WITH_DRANET:-0}" == 1 ]] && remove_dranet_interfaces
     restore_sysctls
     if [[ -d /var/log/containers ]]; then
         find /var/log/containers -maxdepth 1 -type l -lname "$DIR/*" -delete 2>/dev/null || true
@@ -145,13 +156,15 @@ cmd_env() {
     printf 'export NETCLAIM_PUBLISHER_LOG=%q\n' "$DIR/publisher.log"
     printf 'export NETCLAIM_PLUGIN_LOG=%q\n' "$NC/plugin.log"
     network_env
+    [[ "${WITH_DRANET:-0}" == 1 ]] && dranet_env
+    return 0
 }
 
 cmd_status() {
     local n
     [[ -f "$STATE" ]] || { echo "no cluster in $DIR"; return 1; }
     "$HERE/control-plane.sh" status
-    for n in kube-controller-manager kube-scheduler containerd kubelet dra-driver publisher chain-keeper; do
+    for n in kube-controller-manager kube-scheduler containerd kubelet dra-driver publisher chain-keeper dranet; do
         if alive "$DIR/$n.pid"; then echo "$n: running (pid $(cat "$DIR/$n.pid"))"; else echo "$n: stopped"; fi
     done
 }
@@ -167,4 +180,7 @@ cmd_containerd_start() {
     load_state
     alive "$DIR/containerd.pid" && return 0
     start_containerd
+    # dranet's NRI connection died with the old containerd: it needs a new one.
+    if [[ "${WITH_DRANET:-0}" == 1 ]]; then stop_dranet; start_dranet; fi
+    return 0
 }

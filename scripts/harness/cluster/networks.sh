@@ -23,13 +23,14 @@ IPV6_FORWARDING=""    # the host's net.ipv6.conf.all.forwarding before `up` (dua
 WANT_NETWORKS=""      # what `up` was asked for
 WANT_DUAL_STACK=""
 
-parse_network_options() { # the options of `up`
+parse_network_options() { # the options of `up` about networks; the others are left in UP_ARGS for cmd_up
+    UP_ARGS=()
     while (($#)); do
         case "$1" in
             --networks) WANT_NETWORKS="${2:-}"; shift 2 || die "--networks needs a number" ;;
             --networks=*) WANT_NETWORKS="${1#--networks=}"; shift ;;
             --dual-stack) WANT_DUAL_STACK=1; shift ;;
-            *) die "unknown option for up: $1 (--networks N, --dual-stack)" ;;
+            *) UP_ARGS+=("$1"); shift ;;
         esac
     done
     [[ -z "$WANT_NETWORKS" || "$WANT_NETWORKS" =~ ^[1-4]$ ]] || die "--networks takes 1 to 4"

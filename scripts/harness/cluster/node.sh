@@ -14,8 +14,7 @@ state = $(q "$CTD/state")
 temp = $(q "$CTD/tmp")
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.erofs", "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.nri.v1.nri"]
+  "io.containerd.snapshotter.v1.erofs", "io.containerd.tracing.processor.v1.otlp"$(nri_disabled)]
 
 [grpc]
   address = $(q "$CTD/containerd.sock")
@@ -59,6 +58,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 EOF
+    [[ "${WITH_DRANET:-0}" == 1 ]] && nri_config
+    return 0
+}
+
+nri_disabled() { # NRI stays off unless dranet runs on this node (up --with-dranet)
+    [[ "${WITH_DRANET:-0}" == 1 ]] || printf ',\n  "io.containerd.nri.v1.nri"'
 }
 
 primary_conflist() { # the node's own network: bridge + host-local, nothing else

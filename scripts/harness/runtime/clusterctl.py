@@ -4,6 +4,8 @@
         build the local sandbox image archive in DIR; prints its path
     clusterctl.py publisher-kubeconfig --admin K --server URL --ca FILE --node N --driver D --out FILE
         apply the shipped namespace + RBAC, mint a Node-bound ServiceAccount token, write FILE (0600)
+    clusterctl.py dranet-kubeconfig --admin K --server URL --ca FILE --node N --rbac FILE --out FILE
+        apply dranet's namespace, ServiceAccount and RBAC (FILE), mint a Node-bound token for it, write the kubeconfig
     clusterctl.py publisher-ready --socket PATH [--timeout S]
         wait until the publisher answers a status request on its socket
 
@@ -46,6 +48,25 @@ def cmd_publisher_kubeconfig(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dranet_kubeconfig(args: argparse.Namespace) -> int:
+    """dranet's identity: the RBAC file's ServiceAccount with a token bound to the Node (associated-node verbs)."""
+    import yaml
+    from kubernetes import client, config
+
+    from runtime.identity import apply_documents, ensure_node, node_token, write_kubeconfig
+
+    docs = [d for d in yaml.safe_load_all(Path(args.rbac).read_text()) if d]
+    (account,) = [d["metadata"] for d in docs if d["kind"] == "ServiceAccount"]
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=args.admin, client_configuration=configuration)
+    with client.ApiClient(configuration) as api:
+        apply_documents(api, docs)
+        token = node_token(api, ensure_node(api, args.node), args.seconds,
+                           namespace=account["namespace"], service_account=account["name"])
+    print(write_kubeconfig(args.out, args.server, args.ca, token, user=f"{account['namespace']}:{account['name']}"))
+    return 0
+
+
 def _status(path: str) -> dict:
     from cni_plugin.wire import encode_frame, read_frame
 
@@ -80,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(flag, required=True)
     p.add_argument("--seconds", type=int, default=86400)
     p.set_defaults(func=cmd_publisher_kubeconfig)
+    p = sub.add_parser("dranet-kubeconfig")
+    for flag in ("--admin", "--server", "--ca", "--node", "--rbac", "--out"):
+        p.add_argument(flag, required=True)
+    p.add_argument("--seconds", type=int, default=86400)
+    p.set_defaults(func=cmd_dranet_kubeconfig)
     p = sub.add_parser("publisher-ready")
     p.add_argument("--socket", required=True)
     p.add_argument("--timeout", type=float, default=30.0)

@@ -110,6 +110,13 @@ def _apply_role(api: client.ApiClient, dyn: dynamic.DynamicClient, role: dict[st
     raise RuntimeError(f"ClusterRole {name}: kept conflicting with another writer")
 
 
+def apply_documents(api: client.ApiClient, docs: list[dict[str, Any]]) -> None:
+    """Server-side apply each document as it is (objects the harness owns, such as a peer's RBAC)."""
+    dyn = dynamic.DynamicClient(api)
+    for doc in docs:
+        _apply(dyn, doc)
+
+
 def apply_shipped_rbac(api: client.ApiClient, driver: str) -> None:
     """Server-side apply the shipped namespace + RBAC, with `driver` in the driver rule (see module doc)."""
     dyn = dynamic.DynamicClient(api)
@@ -164,14 +171,15 @@ def node_token(api: client.ApiClient, node: dict[str, str], seconds: int = 3600,
     return bound_token(api, "Node", node, seconds, namespace, service_account)
 
 
-def write_kubeconfig(path: str | os.PathLike[str], server: str, ca_file: str, token: str) -> str:
-    """A kubeconfig (mode 0600) that authenticates with `token`; returns its path."""
+def write_kubeconfig(path: str | os.PathLike[str], server: str, ca_file: str, token: str,
+                     user: str = f"{NAMESPACE}:{SERVICE_ACCOUNT}") -> str:
+    """A kubeconfig (mode 0600) that authenticates with `token` (as `user`); returns its path."""
     text = yaml.safe_dump({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
-        "users": [{"name": f"{NAMESPACE}:{SERVICE_ACCOUNT}", "user": {"token": token}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": f"{NAMESPACE}:{SERVICE_ACCOUNT}"}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
         "current-context": "local",
     }, sort_keys=False)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

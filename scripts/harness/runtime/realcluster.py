@@ -62,10 +62,11 @@ class RealCluster:
     env: dict[str, str] = field(repr=False)
 
     @classmethod
-    def up(cls, directory: str, base_env: dict[str, str] | None = None) -> "RealCluster":
+    def up(cls, directory: str, base_env: dict[str, str] | None = None, with_dranet: bool = False) -> "RealCluster":
+        """`cluster.sh up` (with `--with-dranet`: containerd's NRI on and dranet running on the node)."""
         env = dict(base_env or os.environ)
         env["NETCLAIM_CLUSTER_DIR"] = directory
-        values = parse_env(cluster_sh("up", env=env))
+        values = parse_env(cluster_sh("up", *(["--with-dranet"] if with_dranet else []), env=env))
         return cls(directory, values, env)
 
     def sh(self, *args: str, timeout: float = 600) -> str:
