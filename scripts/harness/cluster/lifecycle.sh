@@ -13,7 +13,7 @@ all_alive() {
 cmd_up() { # cmd_up [--with-dranet]
     local want_dranet=0
     [[ "${1:-}" == --with-dranet ]] && want_dranet=1
-    [[ -z "${1:-}" || "$want_dranet" == 1 ]] || die "usage: $0 up [--with-dranet]"
+    [[ -z "${1:-}" || "$want_dranet" == 1 ]] || die "usage: $0 up [--networks N] [--dual-stack] [--with-dranet]"
     [[ "$(id -u)" == 0 ]] || die "needs root (kubelet, containerd, cgroups, network namespaces)"
     mkdir -p "$DIR" && chmod 700 "$DIR"
     exec 9>"$DIR/.lock"
