@@ -6,6 +6,9 @@
 #
 #   scripts/cluster.sh up                  start everything (no-op when up); the node's CNI chain is the
 #                                          primary network only (bridge + host-local), netclaim NOT installed
+#       [--networks N]                     N conflists, pods get eth0..eth<N-1> (containerd's max_conf_num;
+#                                          harness/cluster/networks.sh); default 1
+#       [--dual-stack]                     the primary network has an IPv4 and an IPv6 range
 #   scripts/cluster.sh up --with-dranet    the same, plus containerd's NRI and dranet (driver dra.net, built
 #                                          from its source snapshot by scripts/build/dranet.sh) publishing
 #                                          the host ends of veth pairs made for it (harness/cluster/dranet.sh)
@@ -89,13 +92,13 @@ export NETCLAIM_CP_DIR="$CP_DIR" NETCLAIM_CP_NODES="$NODE" NETCLAIM_CP_CLUSTER=1
 
 
 # The body lives in scripts/harness/cluster/, one file per part of the node.
-for part in common host node controllers netclaim dranet multus lifecycle; do
+for part in common host node controllers netclaim networks dranet multus lifecycle; do
     # shellcheck source=/dev/null
     source "$HERE/harness/cluster/$part.sh"
 done
 
 case "${1:-}" in
-    up) shift; cmd_up_maybe_multus "$@" ;;
+    up) shift; parse_network_options "$@"; cmd_up_maybe_multus "${UP_ARGS[@]}" ;;
     multus-up) cmd_multus_up ;;
     down) cmd_down ;;
     env) cmd_env ;;
@@ -116,5 +119,5 @@ case "${1:-}" in
     dranet-start) load_state; start_dranet ;;
     dranet-stop) load_state; stop_dranet ;;
     -h|--help|help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--networks N] [--dual-stack] [--with-dranet] [--with-multus]|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop" >&2; exit 2 ;;
 esac
