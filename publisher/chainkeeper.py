@@ -66,7 +66,6 @@ from .conflist import (
     Refused,
     backup_of,
     converted_name,
-    has_entry,
     in_place,
     install,
     is_multus,
@@ -128,6 +127,22 @@ def snapshot(conf_dir: Path) -> Snapshot:
             continue
         out.append((name, st.st_ino, st.st_mtime_ns, st.st_size, digest))
     return tuple(out)
+
+
+def holds_entry_of(path: Path, entry: dict[str, Any]) -> bool:
+    """The file chains netclaim for the same driver and request as `entry` (the keeper's own).
+
+    An entry of another driver or request belongs to another network: containerd's own
+    multi-network (max_conf_num > 1) attaches every pod to several conflists, each chaining
+    netclaim with its own request (docs/multi-network.md); the operator put it there.
+    """
+    try:
+        _raw, doc = load_conflist(path)
+    except (Refused, OSError):
+        return False
+    mine = (entry.get("driverName"), entry.get("request") or "")
+    return any(p.get("type") == "netclaim" and (p.get("driverName"), p.get("request") or "") == mine
+               for p in doc["plugins"])
 
 
 def chained_in_place(path: Path) -> bool:
@@ -319,8 +334,9 @@ class ChainKeeper:
         self.report(name, note)
 
     def unchain_others(self, primary: Path) -> None:
+        """Take the keeper's entry out of conflists that are no longer primary; other networks' entries stay."""
         for other in network_files(self.cfg.conf_dir):
-            if other == primary or not has_entry(other):
+            if other == primary or not holds_entry_of(other, self.cfg.entry):
                 continue
             try:
                 outcome = uninstall(other)

@@ -78,8 +78,7 @@ def config_error(what: str, exc: BaseException) -> click.ClickException:
 
 def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
     """The API client, or one clear line about why the credential cannot be used."""
-    from kubernetes.config import ConfigException
-
+    from .apiclient import ConfigError
     from .kube import load_client
 
     if kubeconfig:
@@ -91,12 +90,8 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
         what = "no --kubeconfig or KUBECONFIG given and the in-cluster service account is unusable"
     try:
         return load_client(kubeconfig, pool_size=pool_size)
-    except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ConfigError, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise config_error(what, exc) from None
-    except Exception as exc:  # yaml.YAMLError and friends: a broken file, not a bug here
-        if type(exc).__module__.startswith("yaml"):
-            raise config_error(what, exc) from None
-        raise
 
 
 @cli.command()

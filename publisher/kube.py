@@ -12,13 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import limits
+from . import apiclient, limits
+from .apiclient import ApiClient
 from .clock import node_seconds
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -26,6 +28,11 @@ REQUEST_TIMEOUT = (5.0, 20.0)
 # Events are a courtesy to kubectl users: a slow API must not hold the event
 # thread (and its queue) for the 20 s a status apply may take.
 EVENT_TIMEOUT = (2.0, 5.0)
+
+
+def watch_seconds() -> int:
+    """How long a long-lived watch runs before it is renewed (limits.WATCH_RENEW, jittered)."""
+    return random.randint(*limits.WATCH_RENEW)
 
 
 class ApiError(Exception):
@@ -104,38 +111,9 @@ def classify(code: int, message: str) -> ApiError:
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
-def load_client(kubeconfig: str | None, pool_size: int = 8) -> Any:
-    """An ApiClient from a kubeconfig file, or the in-cluster service account."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = pool_size
-    _strip_token(configuration)
-    # Retries are the publisher's own job (with backoff that knows about the
-    # journal); urllib3 must not hide an outage behind its own retry loop.
-    configuration.retries = 0
-    return client.ApiClient(configuration)
-
-
-def _strip_token(configuration: Any) -> None:
-    """A token file written by `echo` ends in a newline, which makes an invalid header;
-    the client sets the token again before every request (its refresh hook), so strip there too."""
-    hook = configuration.refresh_api_key_hook
-
-    def stripped(cfg: Any) -> None:
-        if hook is not None:
-            hook(cfg)  # (it installs itself again: put ours back)
-            cfg.refresh_api_key_hook = stripped
-        for key, value in list((cfg.api_key or {}).items()):
-            if isinstance(value, str):
-                cfg.api_key[key] = value.strip()
-
-    configuration.refresh_api_key_hook = stripped
-    stripped(configuration)
+def load_client(kubeconfig: str | None, pool_size: int = 8) -> ApiClient:
+    """A client for a kubeconfig file (or several, KUBECONFIG-style), or the in-cluster service account."""
+    return apiclient.load(kubeconfig, pool_size)
 
 
 def _token_files(kubeconfig: str | None) -> list[str]:
@@ -228,9 +206,9 @@ class ApiHealth:
 class Kube:
     """Raw calls on one ApiClient; `record(verb, code)` is told about each call.
 
-    Requests are built with ApiClient.param_serialize/call_api instead of the
-    generated CoreV1Api/ResourceV1Api classes: instantiating those two costs
-    ~25 MiB of RSS for code the publisher never uses.
+    Requests go through publisher/apiclient.py (urllib3 alone), not the
+    kubernetes package: its generated classes cost ~16 MiB of RSS per node for
+    code the publisher never uses.
     """
 
     api_client: Any
@@ -275,48 +253,40 @@ class Kube:
             return True
 
     def _request(self, verb: str, method: str, path: str, query: list[tuple[str, str]] | None = None,
-                 body: Any = None, content_type: str = "application/json", timeout: Any = REQUEST_TIMEOUT) -> Any:
-        """One request; returns the RESTResponse (body not read) or raises a classified ApiError.
+                 body: Any = None, content_type: str = "application/json", timeout: Any = REQUEST_TIMEOUT,
+                 stream: bool = False) -> Any:
+        """One request; returns the Reply (or with `stream` the open response) or raises a classified ApiError.
 
         A 401 re-reads the credentials and, if they changed, tries once more at
         once; otherwise it is raised as Unauthorized (transient: the caller backs off).
         """
         self._refresh_credentials()
         try:
-            return self._request_once(verb, method, path, query, body, content_type, timeout)
+            return self._request_once(verb, method, path, query, body, content_type, timeout, stream)
         except Unauthorized:
             if not self._refresh_credentials(force=True):
                 raise
         except Forbidden:  # maybe a token of another identity, already rotated on disk
             if not self._refresh_credentials(now=True):
                 raise
-        return self._request_once(verb, method, path, query, body, content_type, timeout)
+        return self._request_once(verb, method, path, query, body, content_type, timeout, stream)
 
     def _request_once(self, verb: str, method: str, path: str, query: list[tuple[str, str]] | None,
-                      body: Any, content_type: str, timeout: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
+                      body: Any, content_type: str, timeout: Any, stream: bool = False) -> Any:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
         try:
-            req = self.api_client.param_serialize(
-                method=method, resource_path=path, query_params=query or [], header_params=headers,
-                body=body, auth_settings=["BearerToken"])
-            resp = self.api_client.call_api(*req, _request_timeout=timeout)
-        except ApiException as exc:
-            code = int(exc.status or 0)
-            self.record(verb, str(code))
-            message = _api_message(exc.body or exc.reason)
-            self._note(code, message)
-            raise classify(code, message) from None
-        except Exception as exc:  # urllib3/socket errors: no answer from the server
+            resp = self.api_client.request(method, path, query, headers, body, timeout, stream=stream)
+        except Exception as exc:  # urllib3/ssl/socket errors: no answer from the server
             self.record(verb, "error")
             self._note(0, f"{type(exc).__name__}: {exc}")
             raise TransientError(0, f"{type(exc).__name__}: {exc}") from None
         self.record(verb, str(resp.status))
         if resp.status >= 400:
             message = _api_message(resp.read())
+            if stream:
+                resp.release_conn()
             self._note(resp.status, message)
             raise classify(resp.status, message)
         self._note(resp.status)
@@ -375,15 +345,15 @@ class Kube:
         return self._json("list", "GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets",
                           query=[("fieldSelector", f"metadata.name={name}")], timeout=EVENT_TIMEOUT)
 
-    def watch_daemonset(self, namespace: str, name: str, resource_version: str, timeout: int = 300) -> Any:
+    def watch_daemonset(self, namespace: str, name: str, resource_version: str, timeout: int = 0) -> Any:
         """A streaming watch (raw urllib3 response) of the keeper's own DaemonSet, by name."""
         resp = self._request(
             "watch", "GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets",
             query=[("fieldSelector", f"metadata.name={name}"), ("watch", "true"),
                    ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
-                   ("timeoutSeconds", str(timeout))],
-            timeout=(5.0, timeout + 30))
-        return resp.response
+                   ("timeoutSeconds", str(timeout or watch_seconds()))],
+            timeout=(5.0, limits.WATCH_SILENCE), stream=True)
+        return resp
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch one events.k8s.io/v1 Event (its series: repeats of the same warning)."""
@@ -397,12 +367,12 @@ class Kube:
             query.append(("continue", cont))
         return self._json("list", "GET", "/api/v1/pods", query=query)
 
-    def watch_pods_on_node(self, node: str, resource_version: str, timeout: int = 300) -> Any:
+    def watch_pods_on_node(self, node: str, resource_version: str, timeout: int = 0) -> Any:
         """A streaming watch (raw urllib3 response) of the pods bound to `node`."""
         resp = self._request(
             "watch", "GET", "/api/v1/pods",
             query=[("fieldSelector", f"spec.nodeName={node}"), ("watch", "true"),
                    ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
-                   ("timeoutSeconds", str(timeout))],
-            timeout=(5.0, timeout + 30))
-        return resp.response
+                   ("timeoutSeconds", str(timeout or watch_seconds()))],
+            timeout=(5.0, limits.WATCH_SILENCE), stream=True)
+        return resp

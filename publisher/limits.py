@@ -36,6 +36,12 @@ API_DOWN_NOT_READY = 60.0  # seconds without any API answer after which /readyz 
 WORKER_RESTART_DELAY = 1.0  # seconds before a crashed worker thread is started again
 POD_WATCH_GRACE = 2.0  # seconds after an event was stamped that its pod may still be on its way in the watch
 MAX_GONE_PODS = 4096  # deleted pods the pod watch remembers (a late DEL still knows what its pod was)
+# The watches that live as long as the publisher (its node's pods, the keeper's DaemonSet) are renewed
+# after a random 30-60 minutes: every renewal is a request, and 5,000 nodes renewing every 300 s would
+# be 17 requests/s at rest for nothing. A quiet watch still gets a bookmark from the API server every
+# minute, so a read that waits WATCH_SILENCE seconds without one means the connection is dead.
+WATCH_RENEW = (1800, 3600)
+WATCH_SILENCE = 300.0
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

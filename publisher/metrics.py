@@ -82,7 +82,9 @@ class Metrics:
                                   "(credentials rejected); /readyz fails past a threshold", registry=r)
         self.ready = Gauge("netclaim_ready", "1 when /readyz answers ready", registry=r)
         # Events finished without anything to publish and without being a failure (publisher/report.py
-        # `ignored`): no_claim = the pod has no claim that can be the driver's (most pods on a node).
+        # `ignored`): no_claim = the pod has no claim that can be the driver's (most pods on a node);
+        # no_request = its claims have devices of the driver, none for the entry's request (with several
+        # networks, each chaining netclaim with its own request, a pod that claimed only some of them).
         self.events_ignored = Counter(
             "netclaim_events_ignored_total", "Events that need no publishing and are no failure, by reason",
             ["reason"], registry=r)

@@ -51,7 +51,6 @@ from .listwatch import events, follow
 PRESENT = "present"
 GONE = "gone"
 UNKNOWN = "unknown"
-WATCH_TIMEOUT = 300  # seconds a watch request stays open before the server ends it (then re-watched)
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ class OwnerWatch:
 
     def _watch(self, rv: str) -> str:
         """Follow the watch until it ends; the resourceVersion to go on from."""
-        resp = self.kube.watch_daemonset(self.namespace, self.name, rv, WATCH_TIMEOUT)
+        resp = self.kube.watch_daemonset(self.namespace, self.name, rv)
         for kind, obj, version in events(resp, self.stopping):
             rv = version or rv
             meta = obj.get("metadata") or {}

@@ -35,8 +35,16 @@ class NotOurs(Exception):
 
     Not a failure: most pods on a node have no network claim. Raised when the
     pod declares no claim, or when each of its claims is allocated without a
-    result of the driver.
+    result of the driver (reason `no_claim`), or, for an attachment whose entry
+    names a request, when none of its claims has a device of that request
+    (reason `no_request`): containerd's own multi-network attaches every pod to
+    every network (eth0, eth1, ...), so a pod that claimed a device only for
+    eth0 still gets an eth1, and that interface is simply not a claimed device.
     """
+
+    def __init__(self, message: str, reason: str = "no_claim") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Unresolvable(Exception):
@@ -313,6 +321,9 @@ class Resolver:
         if not ours:  # every claim read and allocated, none with a result of the driver
             raise NotOurs(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} is allocated with a device of "
                           f"driver {event.driver}")
+        if event.request:  # the pod claimed devices of the driver, none for this interface's request
+            raise NotOurs(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} has a device of driver "
+                          f"{event.driver} for request {event.request!r} (interface {event.ifname})", "no_request")
         raise Unresolvable(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} has a device of driver {event.driver}")
 
     def _match_claim(

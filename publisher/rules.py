@@ -261,9 +261,9 @@ class Rules:
     def _resolve(self, p: Pending) -> Target | None:
         try:
             return self.resolver.resolve(p.event, self._bound(p.event))
-        except NotOurs as exc:  # an ordinary pod (no claim of the driver): done, no failure, no Event
-            self.journal.finish(p.seq, "done", f"no claim of this driver: {exc}")
-            self.report.ignored(p.event, "no_claim", str(exc))
+        except NotOurs as exc:  # an ordinary pod (no claim of the driver, or none for the request): done, no Event
+            self.journal.finish(p.seq, "done", f"nothing to publish: {exc}")
+            self.report.ignored(p.event, exc.reason, str(exc))
         except NotYet as exc:
             self._retry_later(p, str(exc), transient=False)
         except TransientError as exc:

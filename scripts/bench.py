@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     figures = modules[args.suite].run(args)
-    path = out / f"{args.suite}.json"
+    path = out / f"{figures.pop('result_name', args.suite)}.json"  # a suite's variant may name its own file
     path.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     print(f"wrote {path}", file=sys.stderr)
     return 1 if figures.get("ok") is False else 0  # a suite with a verdict (soak) fails the command

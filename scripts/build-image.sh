@@ -153,11 +153,8 @@ app_layer() {
     chroot "$rootfs" "${run[@]}" /opt/netclaim/venv/bin/python "/tmp/wheels/$pip/pip" install --quiet --no-index \
         --disable-pip-version-check --no-warn-script-location --find-links /tmp/wheels netclaim >&2
     rm -rf "$rootfs/tmp/wheels"
-    # The asyncio twin of the Kubernetes client (kubernetes/aio: ~68 MB with its
-    # bytecode) is never imported by the publisher; the check below proves it.
-    rm -rf "$rootfs"/opt/netclaim/venv/lib/python3.*/site-packages/kubernetes/aio
     chroot "$rootfs" "${run[@]}" /opt/netclaim/venv/bin/python -c \
-        'import publisher.cli, publisher.kube, publisher.chainkeeper, kubernetes.client, kubernetes.config' \
+        'import publisher.cli, publisher.kube, publisher.chainkeeper, publisher.apiclient, urllib3, yaml' \
         || die "the $arch venv does not import"
     chroot "$rootfs" "${run[@]}" /opt/netclaim/venv/bin/python /opt/netclaim/venv/bin/netclaim-publisher --version >&2 \
         || die "the $arch netclaim-publisher does not run"

@@ -6,6 +6,9 @@
 #
 #   scripts/cluster.sh up                  start everything (no-op when up); the node's CNI chain is the
 #                                          primary network only (bridge + host-local), netclaim NOT installed
+#       [--networks N]                     N conflists, pods get eth0..eth<N-1> (containerd's max_conf_num;
+#                                          harness/cluster/networks.sh); default 1
+#       [--dual-stack]                     the primary network has an IPv4 and an IPv6 range
 #   scripts/cluster.sh up --nodes N        one control plane and N nodes (each its own kubelet, containerd,
 #                                          DRA driver, node IP, bridge, pod /24, cgroup root, mount namespace;
 #                                          kubelets serve logs/exec/port-forward on their node IP); `env` then
@@ -18,12 +21,18 @@
 #   scripts/cluster.sh up --with-dranet    the same, plus containerd's NRI and dranet (driver dra.net, built
 #                                          from its source snapshot by scripts/build/dranet.sh) publishing
 #                                          the host ends of veth pairs made for it (harness/cluster/dranet.sh)
+#   scripts/cluster.sh up --with-multus    `up`, then `multus-up` (may be combined with --with-dranet)
+#   scripts/cluster.sh multus-up           Multus (thin plugin) becomes the node's primary CNI, delegating eth0 to the
+#                                          node's conflist; NetworkAttachmentDefinitions in `default` for macvlan,
+#                                          ipvlan, bridge2 and hostdev0..3, each chain ending in netclaim with its
+#                                          own claim request (harness/cluster/multus.sh; docs/multi-network.md)
 #   scripts/cluster.sh env                 shell exports: KUBECONFIG, CONTAINER_RUNTIME_ENDPOINT, NETCLAIM_*
 #   scripts/cluster.sh status              what runs
 #   scripts/cluster.sh down                stop everything `up` started and leave the host as it was
 #   scripts/cluster.sh install-netclaim    the operator way: scripts/install.sh chains the plugin into the
 #                                          conflist in containerd's CNI conf dir; the publisher runs as a
 #                                          node service with the shipped RBAC and a Node-bound token
+#                                          (NETCLAIM_REQUEST: the claim request eth0 reports under)
 #   scripts/cluster.sh uninstall-netclaim  stop the publisher, remove the plugin from the chain
 #   scripts/cluster.sh import-image FILE   import an OCI/docker image archive into containerd (k8s.io)
 #   scripts/cluster.sh kubectl ARGS...     the built kubectl with the admin kubeconfig
@@ -51,12 +60,13 @@
 #   the kubelet's rshared bind mount of its root dir and pod volume mounts are unmounted;
 #   the cgroup root is removed depth first from every hierarchy (the cgroup2 one included);
 #   /var/lib/kubelet (device-plugins socket) and /var/log/containers are removed if `up` created
-#   them and no other kubelet runs; the bridge and dranet's veth pairs are deleted. iptables are not touched
-#   (makeIPTablesUtilChains: false, ipMasq: false).
+#   them and no other kubelet runs; the bridge, dranet's veth pairs and the links of multus-up are deleted.
+#   iptables are not touched (makeIPTablesUtilChains: false, ipMasq: false).
 #
 # Environment: NETCLAIM_CLUSTER_DIR, NETCLAIM_NODE_NAME (default nc-<hash of the dir>; `up --nodes N`:
 # <that>-1 ... <that>-N), NETCLAIM_NODE_GRACE (`up --nodes N`: kube-controller-manager's
 # --node-monitor-grace-period, default 16s; the kubelets renew their leases every 2 s),
+# NETCLAIM_DRA_DEVICES (devices the DRA driver publishes, default 8),
 # NETCLAIM_PUBLISHER_WRAPPER (tests: an executable the publisher is started through, which must
 # `exec "$@"` so the pid file stays the publisher's; the soak uses it to show the publisher another
 # boot id and clock).
@@ -94,7 +104,7 @@ export NETCLAIM_CP_DIR="$CP_DIR" NETCLAIM_CP_NODES="$NODE" NETCLAIM_CP_CLUSTER=1
 
 
 # The body lives in scripts/harness/cluster/, one file per part of the node.
-for part in common host node controllers netclaim dranet lifecycle nodes; do
+for part in common host node controllers netclaim networks dranet multus lifecycle nodes; do
     # shellcheck source=/dev/null
     source "$HERE/harness/cluster/$part.sh"
 done
@@ -103,7 +113,8 @@ done
 if wants_multi_node "$@"; then multi_node_main "$@"; exit; fi
 
 case "${1:-}" in
-    up) shift; cmd_up "$@" ;;
+    up) shift; parse_network_options "$@"; cmd_up_maybe_multus "${UP_ARGS[@]}" ;;
+    multus-up) cmd_multus_up ;;
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
@@ -123,5 +134,5 @@ case "${1:-}" in
     dranet-start) load_state; start_dranet ;;
     dranet-stop) load_state; stop_dranet ;;
     -h|--help|help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--networks N] [--dual-stack] [--with-dranet] [--with-multus]|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop" >&2; exit 2 ;;
 esac

@@ -8,6 +8,10 @@
 #                              ResourceClaimTemplate - the scheduler allocates the driver's device, the
 #                              kubelet starts the pod - then print `kubectl get resourceclaim -o yaml` and
 #                              a one-line summary, and tear everything down (unless --keep)
+#   scripts/demo.sh --multi-network [--keep]
+#                              the same node with Multus as its primary CNI: one pod with three networks
+#                              (eth0, macvlan net1, host-device net2), its claim's three device entries
+#                              beside Multus's network-status and the pod's netns (docs/multi-network.md)
 #   scripts/demo.sh show       print the kept claim again
 #   scripts/demo.sh cleanup    tear down what --keep left running
 #

@@ -3,6 +3,11 @@
 #
 #   scripts/install.sh --conflist FILE --driver-name NAME [options]   install or update
 #   scripts/install.sh --conflist FILE --uninstall [--cni-bin-dir DIR] [--log-file FILE]   remove again
+#
+# Several networks (containerd's own multi-network: max_conf_num > 1, one conflist per interface
+# eth0, eth1, ...): run the installer once per conflist, each with its own --driver-name and
+# --request; --uninstall removes the plugin executable (and --log-file) only with the last
+# netclaim entry left in that conflist's directory.
 #   scripts/install.sh --print [options]                              show the plugin and the entry
 #
 # Options:
@@ -243,6 +248,15 @@ do_install() {
 do_uninstall() {
     "$(editor_python)" "$EDITOR_PY" uninstall --conflist "$(host "$CONFLIST")" >/dev/null \
         || die "conflist $CONFLIST was not changed"
+    # Several networks (containerd's max_conf_num > 1) each chain netclaim: the executable and
+    # its log stay until the last entry in the conf dir is gone.
+    local others
+    others="$("$(editor_python)" "$EDITOR_PY" chained --dir "$(dirname "$(host "$CONFLIST")")")" \
+        || die "cannot read $(dirname "$CONFLIST")"
+    if [[ -n "$others" ]]; then
+        log "netclaim removed from $CONFLIST; the plugin stays for $(wc -l <<<"$others") other conflist(s) of that dir"
+        return 0
+    fi
     rm -f "$(host "$CNI_BIN_DIR")/netclaim"
     # The plugin's log and its one rotated generation (cni_plugin/log.py), when named.
     if [[ -n "$LOG_FILE" ]]; then rm -f -- "$(host "$LOG_FILE")" "$(host "$LOG_FILE").1"; fi

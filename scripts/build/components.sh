@@ -3,7 +3,7 @@
 #
 #   scripts/build/components.sh                # etcd and kube-apiserver
 #   scripts/build/components.sh TARGET...      # any of the targets below, or a group:
-#                                                 #   control-plane, node, runtime, cni-plugins, tools, all
+#                                                 #   control-plane, node, runtime, cni-plugins, secondary-cni, tools, all
 #
 # Nothing here is committed: the binaries land in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/netclaim/bin/<name>-<version>. A second run
@@ -54,7 +54,7 @@ target() {
             echo "containerd|$CONTAINERD_VERSION|github.com/containerd/containerd/v2/cmd/$1|$CONTAINERD_LDFLAGS" ;;
         crictl) echo "cri-tools|$CRI_TOOLS_VERSION|sigs.k8s.io/cri-tools/cmd/crictl|-X sigs.k8s.io/cri-tools/pkg/version.Version=${CRI_TOOLS_VERSION#v}" ;;
         cnitool) echo "cni|$CNI_VERSION|github.com/containernetworking/cni/cnitool|" ;;
-        cni-bridge|cni-loopback)
+        cni-bridge|cni-loopback|cni-macvlan|cni-ipvlan|cni-host-device)
             echo "cni-plugins|$CNI_PLUGINS_VERSION|github.com/containernetworking/plugins/plugins/main/${1#cni-}|$CNI_PLUGINS_LDFLAGS" ;;
         cni-host-local) echo "cni-plugins|$CNI_PLUGINS_VERSION|github.com/containernetworking/plugins/plugins/ipam/host-local|$CNI_PLUGINS_LDFLAGS" ;;
         helm) echo "helm|$HELM_VERSION|helm.sh/helm/v3/cmd/helm|-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
@@ -68,6 +68,7 @@ expand() {
         node) echo kube-controller-manager kube-scheduler kubelet kubectl dra-test-driver ;;
         runtime) echo containerd containerd-shim-runc-v2 ctr crictl cni-bridge cni-host-local cni-loopback ;;
         cni-plugins) echo cni-bridge cni-host-local cni-loopback ;;
+        secondary-cni) echo cni-macvlan cni-ipvlan cni-host-device ;;   # behind Multus (harness/cluster/multus.sh)
         tools) echo cnitool helm ;;
         all) echo etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl dra-test-driver \
                   containerd containerd-shim-runc-v2 ctr crictl cni-bridge cni-host-local cni-loopback cnitool helm ;;

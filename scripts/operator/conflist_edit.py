@@ -8,6 +8,11 @@ original, refusal of what it cannot parse: see that module).
     conflist_edit.py install   --conflist FILE --set driverName=NAME [--set KEY=VALUE ...]
     conflist_edit.py uninstall --conflist FILE
     conflist_edit.py entry     --set driverName=NAME [--set KEY=VALUE ...]   (print only)
+    conflist_edit.py chained   --dir DIR   (print the network files in DIR that chain netclaim, one a line)
+
+`chained` is how uninstall knows whether the plugin executable is still in use: with
+containerd's own multi-network (several conflists, one netclaim entry each) it is
+removed only with the last entry.
 
 A single-plugin FILE.conf is converted to FILE.conflist (outcome "converted");
 uninstall with the same --conflist FILE.conf restores it byte for byte.
@@ -23,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from publisher.conflist import Refused, build_entry, install, uninstall  # noqa: E402
+from publisher.conflist import Refused, build_entry, has_entry, install, network_files, uninstall  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,12 +41,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     show.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     rm = sub.add_parser("uninstall", help="remove the netclaim entry, restoring the original")
     rm.add_argument("--conflist", required=True, type=Path)
+    chained = sub.add_parser("chained", help="the network files of a conf dir that chain netclaim")
+    chained.add_argument("--dir", required=True, type=Path)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if args.action == "chained":
+            for path in network_files(args.dir):
+                if has_entry(path):
+                    print(path)
+            return 0
         if args.action == "entry":
             print(json.dumps(build_entry(args.set), indent=2))
             return 0

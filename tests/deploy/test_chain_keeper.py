@@ -489,6 +489,26 @@ def test_issue18_item4_single_plugin_conf_primary_is_converted_chained_and_resto
     assert sorted(os.listdir(node.net_d)) == ["10-bridge.conf", "20-other.conflist"]
 
 
+def test_issue17_item3_another_networks_entry_is_left_alone(node: Node, plugin_binary, tmp_root: Path) -> None:
+    """containerd's own multi-network: 11-storage.conflist is the pods' eth1 and the operator chained netclaim
+    into it with its own request. The keeper keeps its entry in the primary, and when the primary changes it
+    moves only its own entry (driver and request as configured): the other network's stays, untouched."""
+    node.write("10-calico.conflist", PRIMARY)
+    storage = {"cniVersion": "1.0.0", "name": "storage", "plugins": [
+        PRIMARY["plugins"][0], {"type": "netclaim", "driverName": DRIVER, "request": "nic1"}]}
+    stored = node.write("11-storage.conflist", storage)
+    with running_keeper(node, plugin_binary, tmp_root) as keeper:
+        wait(lambda: node.chained("10-calico.conflist"), "the first chaining", keeper, tmp_root)
+        # A new primary ahead of both: the keeper's entry moves there, out of 10-calico; eth1's stays.
+        node.write("05-new.conflist", {**PRIMARY, "name": "new"})
+        wait(lambda: node.chained("05-new.conflist") and not node.chained("10-calico.conflist"),
+             "the keeper's entry moving to the new primary", keeper, tmp_root)
+        time.sleep(1.0)  # five more polls
+        assert (node.net_d / "11-storage.conflist").read_bytes() == stored
+        assert [(p["type"], p.get("request")) for p in node.doc("05-new.conflist")["plugins"]][-1] == (
+            "netclaim", "nic")
+
+
 def test_issue18_item5_not_chained_is_not_ready_and_logged_once(node: Node, plugin_binary, tmp_root: Path) -> None:
     (node.net_d / "10-broken.conflist").write_bytes(b'{"plugins": [')
     with running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:

@@ -166,6 +166,38 @@ def test_issue18_item6_uninstall_removes_the_plugin_log_and_its_rotation(tmp_roo
     assert sorted(p.name for p in log.parent.iterdir()) == ["someone-elses.log"]
 
 
+def test_issue17_item3_one_entry_per_network_each_with_its_own_driver_and_request(tmp_root: Path) -> None:
+    """containerd's own multi-network (max_conf_num 2: eth0 from the first conflist, eth1 from the
+    second): one install per conflist, each entry with its own driverName and request; uninstalling
+    one network keeps the plugin (and its log) the other still runs; the last one takes them away."""
+    first = write_base(tmp_root)
+    second = first.parent / "20-storage.conflist"
+    second.write_text(json.dumps({**BASE, "name": "storage", "plugins": BASE["plugins"][:1]}, indent=2) + "\n")
+    originals = {first: first.read_bytes(), second: second.read_bytes()}
+    log = tmp_root / "plugin.log"
+    run_install(*install_args(tmp_root, first, "--request", "nic", "--log-file", str(log)))
+    second_args = install_args(tmp_root, second, "--request", "storage-nic", "--log-file", str(log))
+    second_args[second_args.index("--driver-name") + 1] = "storage.example.com"
+    run_install(*second_args)
+
+    assert [(e["driverName"], e["request"]) for e in netclaim_entries(first)] == [(DRIVER, "nic")]
+    assert [(e["driverName"], e["request"]) for e in netclaim_entries(second)] == [("storage.example.com",
+                                                                                     "storage-nic")]
+    plugin = tmp_root / "bin" / "netclaim"
+    log.write_text('{"event": "ADD"}\n')
+
+    uninstall = ("--cni-bin-dir", str(tmp_root / "bin"), "--uninstall", "--log-file", str(log))
+    proc = run_install(*uninstall, "--conflist", str(first))
+    assert first.read_bytes() == originals[first]
+    assert netclaim_entries(second), "uninstalling one network touched the other"
+    assert plugin.is_file() and log.is_file(), "the plugin the second network still chains was removed"
+    assert "other conflist" in proc.stderr
+
+    run_install(*uninstall, "--conflist", str(second))
+    assert second.read_bytes() == originals[second]
+    assert not plugin.exists() and not log.exists()
+
+
 def test_uninstall_keeps_changes_made_after_install(tmp_root: Path) -> None:
     conflist = write_base(tmp_root)
     run_install(*install_args(tmp_root, conflist))

@@ -150,6 +150,15 @@ def test_valid_interface_block_is_normalized() -> None:
     assert conf.mac == "02:aa:bb:cc:dd:ee" and conf.sysctl == {"net.ipv4.conf.IFNAME.arp_filter": "1"}
 
 
+def test_keys_multus_injects_into_every_plugin_of_a_nad_are_accepted() -> None:
+    """Multus's DRA path writes the matched device's ID as `deviceID` and `pciBusID` into every plugin of a
+    NetworkAttachmentDefinition's chain, netclaim's entry included (docs/multi-network.md); a NAD must not
+    fail over them."""
+    conf = config.parse_netconf(base(request="storage", deviceID="0000:3b:02.1", pciBusID="0000:3b:02.1"),
+                                "1.0.0", "ADD")
+    assert (conf.driver, conf.request) == ("net.example.com", "storage")
+
+
 @pytest.mark.parametrize("command,version", [("CHECK", "0.3.1"), ("GC", "1.0.0"), ("STATUS", "0.4.0")])
 def test_verbs_newer_than_the_config_version_are_error_1(command: str, version: str) -> None:
     rc, out = call(command, base(cniVersion=version), CNI_CONTAINERID="c", CNI_NETNS="/x", CNI_IFNAME="eth0")

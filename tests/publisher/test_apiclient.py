@@ -34,8 +34,9 @@ def _namespaces(client: apiclient.ApiClient) -> int:
 def test_token_kubeconfig_lists_and_the_kubernetes_package_is_never_imported(control_plane, tmp_path):
     kc = _kubeconfig(tmp_path / "kc", control_plane.server, {"certificate-authority": control_plane.ca_file},
                      {"token": control_plane.token("admin") + "\n"})
-    code = ("import sys, resource; from publisher import apiclient, kube, service; "
-            "c = apiclient.load(sys.argv[1]); r = c.request('GET', '/api/v1/namespaces', query=[('limit', '1')]); "
+    code = ("import sys, resource; from publisher import cli, kube, service; "
+            "k = kube.Kube(cli.api_client_for(sys.argv[1], 4)); "
+            "r = k._request('get', 'GET', '/api/v1/namespaces', query=[('limit', '1')]); "
             "print(r.status, 'kubernetes' in sys.modules, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
     out = subprocess.run([sys.executable, "-c", code, kc], capture_output=True, text=True, timeout=60,
                          cwd=REPO, check=True).stdout.split()

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import (DRIVER, Cluster, Plugin, add, drained, send_check, take_interface_name,
+from publisher_testkit import (DRIVER, Cluster, Plugin, add, drained, send_check, take_interface_name, wait_until,
                                suffix)
 
 pytestmark = pytest.mark.controlplane
@@ -44,21 +44,36 @@ def test_repeated_apply_refusal_makes_one_event_within_the_window(cluster: Clust
     assert publisher.metric('netclaim_k8s_events_total{result="created"}') == 1
 
 
-def test_claim_without_a_device_for_the_request_gets_an_event_on_the_pod(cluster: Cluster, publisher, plugin):
-    """The pod's claim has a device of the driver, but none for the configured request: a real
-    failure (a pod with no claim of the driver is no failure: test_publisher_issue16_input.py)."""
-    claim, uid = cluster.pod_with_claim("mismatch", [("other-req", "nic0")])
+def test_pod_uid_mismatch_gets_an_event_on_the_pod(cluster: Cluster, publisher, plugin):
+    """The event names a pod UID the pod of that name does not have: never resolvable, reported on the pod."""
+    claim, uid = cluster.pod_with_claim("mismatch", [("nic", "nic0")])
     cid = "c" + suffix()
-    add(plugin, cid, PodRef(cluster.namespace, "mismatch", uid))
+    add(plugin, cid, PodRef(cluster.namespace, "mismatch", "0000-not-" + uid[9:]))
     drained(publisher)
     [warning] = cluster.wait_warnings(lambda e: len(e) == 1)
     assert (warning["type"], warning["reason"]) == ("Warning", "Unresolvable")
-    assert warning["regarding"] == {"apiVersion": "v1", "kind": "Pod", "namespace": cluster.namespace,
-                                    "name": "mismatch", "uid": uid}
+    assert warning["regarding"]["kind"] == "Pod" and warning["regarding"]["name"] == "mismatch"
     assert "related" not in warning or warning["related"] is None
-    assert f"has a device of driver {DRIVER}" in warning["note"] and cid in warning["note"]
+    assert f"has uid {uid}" in warning["note"] and cid in warning["note"]
     assert publisher.status()["failed_events"] and cluster.devices(claim) == []
-    assert publisher.metric('netclaim_events_ignored_total{reason="no_claim"}') == 0
+
+
+def test_issue17_claim_without_a_device_for_the_request_is_no_failure(cluster: Cluster, publisher, plugin):
+    """The pod's claim has a device of the driver, but none for this entry's request: with one conflist per
+    network (containerd's max_conf_num) every pod gets every interface, and a pod that claimed a device
+    only for eth0 is no failure on eth1: no Warning, no failed event, the eth0 entry shown, a counter."""
+    claim, uid = cluster.pod_with_claim("one-net", [("nic", "nic0")])
+    pod, cid = PodRef(cluster.namespace, "one-net", uid), "c" + suffix()
+    add(plugin, cid, pod, ifname="eth0", request_name="nic", res={"ifname": "eth0"})
+    add(plugin, cid, pod, ifname="eth1", request_name="nic1", res={"ifname": "eth1", "ipv4": "10.78.0.5/24"})
+    wait_until("the eth1 ADD counted as nothing to publish",
+               lambda: publisher.metric('netclaim_events_ignored_total{reason="no_request"}') >= 1)
+    st = drained(publisher)
+    [entry] = cluster.devices(claim)
+    assert (entry["device"], entry["networkData"]["interfaceName"]) == ("nic0", "eth0")
+    assert st["failed_events"] == [] and st["last_error"] is None
+    time.sleep(1.0)  # a Warning, if any were posted, would be visible by now
+    assert cluster.warnings() == [] and publisher.metric("netclaim_k8s_events_total") == 0
 
 
 def test_ambiguous_device_gets_an_event_on_the_claim(cluster: Cluster, publisher, plugin):
@@ -77,10 +92,10 @@ def test_ambiguous_device_gets_an_event_on_the_claim(cluster: Cluster, publisher
 def test_no_emit_events_posts_nothing(cluster: Cluster, publisher_factory, workdir):
     publisher = publisher_factory(extra=["--no-emit-events"])
     plugin = Plugin(publisher.socket, publisher.spool, workdir)
-    _, uid = cluster.pod_with_claim("bare", [("other-req", "nic0")])
-    add(plugin, "c" + suffix(), PodRef(cluster.namespace, "bare", uid))
+    _, uid = cluster.pod_with_claim("bare", [("nic", "nic0")])
+    add(plugin, "c" + suffix(), PodRef(cluster.namespace, "bare", "0000-not-" + uid[9:]))
     st = drained(publisher)
-    assert f"has a device of driver {DRIVER}" in st["failed_events"][0]["error"]
+    assert f"has uid {uid}" in st["failed_events"][0]["error"]
     assert publisher.metric('netclaim_k8s_events_total{result="disabled"}') == 1
     time.sleep(1.0)
     assert cluster.warnings() == []

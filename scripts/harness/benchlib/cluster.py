@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=1,
                         help="> 1: pod create -> claim status visible on that many nodes (benchlib/cluster_nodes.py; "
                              "--rounds pods, round robin over the nodes)")
+    parser.add_argument("--multi-network", action="store_true",
+                        help="Multus as the primary CNI, three-network pods, netclaim in every chain vs none "
+                             "(benchlib/cluster_multi.py; written to cluster-multi-network.json)")
 
 
 def _progress(text: str) -> None:
@@ -174,6 +177,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from .cluster_nodes import run_nodes
 
         return run_nodes(args, NAMESPACE, ReadyWatch, _progress)
+    if args.multi_network:
+        from . import cluster_multi
+        return cluster_multi.run(args)
     _progress(f"bringing up the real cluster in {args.dir}")
     t0 = time.time()
     cluster = RealCluster.up(args.dir)

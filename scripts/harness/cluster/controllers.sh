@@ -26,7 +26,7 @@ start_driver() {
     # ResourceSlices and read the claims of its pods, which is all a kubelet plugin does.
     start dra-driver "$DRA_DRIVER" --kubeconfig "$CP_DIR/$NODE.kubeconfig" --drivername "$DRIVER" -v=2 \
         kubelet-plugin --node-name "$NODE" --plugin-registration-path "$KROOT/plugins_registry" \
-        --datadir "$KROOT/plugins" --cdi-dir "$CDI_DIR" --num-devices 8
+        --datadir "$KROOT/plugins" --cdi-dir "$CDI_DIR" --num-devices "${NETCLAIM_DRA_DEVICES:-8}"
     WATCH=dra-driver wait_for 60 "the driver's ResourceSlice" slice_published
 }
 

@@ -13,13 +13,14 @@ all_alive() {
 cmd_up() { # cmd_up [--with-dranet]
     local want_dranet=0
     [[ "${1:-}" == --with-dranet ]] && want_dranet=1
-    [[ -z "${1:-}" || "$want_dranet" == 1 ]] || die "usage: $0 up [--with-dranet]"
+    [[ -z "${1:-}" || "$want_dranet" == 1 ]] || die "usage: $0 up [--networks N] [--dual-stack] [--with-dranet]"
     [[ "$(id -u)" == 0 ]] || die "needs root (kubelet, containerd, cgroups, network namespaces)"
     mkdir -p "$DIR" && chmod 700 "$DIR"
     exec 9>"$DIR/.lock"
     flock 9
     if [[ -f "$STATE" ]] && all_alive; then
         load_state
+        networks_match
         node_untainted || die "cluster in $DIR runs but node $NODE is not Ready (see $DIR/*.log)"
         if ((want_dranet)); then
             [[ "${WITH_DRANET:-0}" == 1 ]] || die "cluster in $DIR runs without NRI: take it down, then up --with-dranet"
@@ -35,6 +36,7 @@ cmd_up() { # cmd_up [--with-dranet]
     NODE_IP="$(node_ip)"
     [[ -n "$NODE_IP" ]] || die "no default route: cannot choose the kubelet's --node-ip"
     pick_subnet
+    pick_network_subnets
     KUBELET_PORT="$(free_port)"
     KUBELET_HEALTHZ_PORT="$(free_port)"
     VARLIB_KUBELET_CREATED=0; [[ -e /var/lib/kubelet ]] || VARLIB_KUBELET_CREATED=1
@@ -47,6 +49,7 @@ cmd_up() { # cmd_up [--with-dranet]
              WITH_DRANET; do
         save_var "$v"
     done
+    save_network_state
     save_sysctls
     make_cgroups
 
@@ -70,7 +73,7 @@ cmd_up() { # cmd_up [--with-dranet]
     ((want_dranet)) && start_dranet
     wait_for 90 "the not-ready taint to go" node_untainted
     restore_sysctls
-    log "up in $((SECONDS - t0))s: node $NODE Ready, driver $DRIVER publishing, pod subnet $SUBNET"
+    log "up in $((SECONDS - t0))s: node $NODE Ready, driver $DRIVER publishing, $(network_summary)"
     cmd_env
 }
 
@@ -116,7 +119,9 @@ cmd_down_locked() {
     unmount_under "$DIR"
     remove_cgroups
     ip link delete "$BRIDGE" type bridge 2>/dev/null || true
+    remove_networks
     [[ "${WITH_DRANET:-0}" == 1 ]] && remove_dranet_interfaces
+    multus_down
     restore_sysctls
     if [[ -d /var/log/containers ]]; then
         find /var/log/containers -maxdepth 1 -type l -lname "$DIR/*" -delete 2>/dev/null || true
@@ -151,6 +156,7 @@ cmd_env() {
     printf 'export NETCLAIM_PUBLISHER_SOCKET=%q\n' "$NC/publisher.sock"
     printf 'export NETCLAIM_PUBLISHER_LOG=%q\n' "$DIR/publisher.log"
     printf 'export NETCLAIM_PLUGIN_LOG=%q\n' "$NC/plugin.log"
+    network_env
     [[ "${WITH_DRANET:-0}" == 1 ]] && dranet_env
     return 0
 }

@@ -24,10 +24,12 @@ cmd_install_netclaim() {
         --driver "$DRIVER" --out "$NC/publisher.kubeconfig" >/dev/null
     alive "$DIR/publisher.pid" || start_publisher
     if ! grep -q '"netclaim"' "$CONFLIST"; then
-        "$HERE/install.sh" --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST" --driver-name "$DRIVER" \
+        netclaim_request_args 0
+        "$HERE/install.sh" --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST" --driver-name "$DRIVER" "${REQUEST_ARGS[@]}" \
             --socket "$NC/publisher.sock" --spool-dir "$NC/spool" --state-dir "$NC/state" \
             --log-file "$NC/plugin.log" --python "$PY"
     fi
+    install_netclaim_networks
     log "netclaim installed: $CONFLIST"
 }
 
@@ -36,15 +38,17 @@ start_chain_keeper() { # the keeper of the DaemonSet, as a node process, for the
     mkdir -p "$NC/keeper" && chmod 700 "$NC/keeper"
     [[ -f "$NC/keeper/netclaim" ]] || cp "$CNI_BIN/netclaim" "$NC/keeper/netclaim"
     log "starting the chain keeper (conflist $(basename "$CONFLIST"))"
+    netclaim_request_args 0  # with several networks, the primary's entry keeps its request
     start chain-keeper "$ROOT/.venv/bin/netclaim-publisher" chain-keeper --cni-conf-dir "$CNI_CONF" \
         --cni-bin-dir "$CNI_BIN" --conflist "$(basename "$CONFLIST")" --plugin-binary "$NC/keeper/netclaim" \
-        --driver-name "$DRIVER" --plugin-socket "$NC/publisher.sock" --plugin-spool-dir "$NC/spool" \
+        --driver-name "$DRIVER" "${REQUEST_ARGS[@]}" --plugin-socket "$NC/publisher.sock" --plugin-spool-dir "$NC/spool" \
         --plugin-log-file "$NC/plugin.log" --log-format json
 }
 
 cmd_uninstall_netclaim() {
     load_state
     stop_pid chain-keeper  # or it chains netclaim back in
+    uninstall_netclaim_networks
     if grep -q '"netclaim"' "$CONFLIST" 2>/dev/null; then
         "$HERE/install.sh" --uninstall --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST"
     fi

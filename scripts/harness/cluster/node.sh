@@ -52,7 +52,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = [$(q "$CNI_BIN")]
     conf_dir = $(q "$CNI_CONF")
-    max_conf_num = 1
+    max_conf_num = $NETWORKS
 
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
@@ -83,8 +83,8 @@ primary_conflist() { # the node's own network: bridge + host-local, nothing else
       "ipam": {
         "type": "host-local",
         "dataDir": "$DIR/cni/ipam",
-        "ranges": [[{"subnet": "$SUBNET", "gateway": "$gw"}]],
-        "routes": [{"dst": "0.0.0.0/0"}]
+        "ranges": $(primary_ranges "$gw"),
+        "routes": $(primary_routes)
       }
     }
   ]
@@ -101,6 +101,7 @@ prepare_cni() {
         ln -sfn "$p" "$CNI_BIN/$name"
     done
     [[ -f "$CONFLIST" ]] || { primary_conflist >"$CONFLIST.tmp" && mv "$CONFLIST.tmp" "$CONFLIST"; }
+    write_extra_conflists
 }
 
 start_containerd() {
@@ -125,7 +126,8 @@ stop_containerd() {
     stop_pid containerd
     # Shims outlive containerd by design; ours are the ones serving our containerd's address.
     local pid i
-    for pid in $(pgrep -f "containerd-shim-runc-v2[^ ]* .*-address $CTD/containerd.sock" || true); do
+    # The shim re-executes itself by its resolved path (containerd-shim-runc-v2-<version>): match both names.
+    for pid in $(pgrep -f "containerd-shim-runc-v2[^ ]* .*-address $CTD/containerd.sock( |$)" || true); do
         kill -TERM "$pid" 2>/dev/null || true
         for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     done

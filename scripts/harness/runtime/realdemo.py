@@ -1,7 +1,10 @@
 """The demo on a real single-node Kubernetes: the scheduler allocates, the kubelet starts, netclaim reports.
 
-    realdemo.py run [--keep]   bring up the cluster (scripts/cluster.sh), install netclaim the operator
-                               way, create a Pod with a ResourceClaimTemplate and show what kubectl shows
+    realdemo.py run [--keep] [--multi-network]
+                               bring up the cluster (scripts/cluster.sh), install netclaim the operator
+                               way, create a Pod with a ResourceClaimTemplate and show what kubectl shows;
+                               --multi-network: Multus as the primary CNI and one pod with three networks
+                               (runtime/multidemo.py)
     realdemo.py show           print the kept claim again
     realdemo.py cleanup        take the kept cluster down
 
@@ -24,6 +27,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import yaml  # noqa: E402
 
+from runtime import multidemo  # noqa: E402
 from runtime.controlplane import api_client  # noqa: E402
 from runtime.observe import ClaimWatcher, plugin_add_time, ready_entry  # noqa: E402
 from runtime.realcluster import ClusterError, RealCluster, cluster_sh, parse_env  # noqa: E402
@@ -89,7 +93,7 @@ def story(cluster: RealCluster, step: Steps) -> None:
         raise SystemExit(f"the claim does not show what the pod's netns shows: {eth0}")
 
 
-def run(keep: bool) -> int:
+def run(keep: bool, multi_network: bool = False) -> int:
     step = Steps()
     if _kept() is not None:
         print(f"[demo] a kept demo cluster runs in {DEMO_DIR}: scripts/demo.sh cleanup first", file=sys.stderr)
@@ -98,9 +102,13 @@ def run(keep: bool) -> int:
          "containerd 2.x, DRA test driver)")
     t0 = time.time()
     try:
-        cluster = RealCluster.up(DEMO_DIR, _env())
+        if multi_network:
+            env = {**_env(), "NETCLAIM_REQUEST": "nic"}
+            cluster = RealCluster(DEMO_DIR, parse_env(cluster_sh("up", "--with-multus", env=env)), env)
+        else:
+            cluster = RealCluster.up(DEMO_DIR, _env())
         step(f"node {cluster.node} Ready in {time.time() - t0:.0f}s; driver {cluster.driver} published its devices")
-        story(cluster, step)
+        (multidemo.story if multi_network else story)(cluster, step)
     except BaseException:
         step("failed; tearing down (logs were under " + DEMO_DIR + ")")
         cluster_sh("down", env=_env())
@@ -136,12 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", nargs="?", default="run", choices=("run", "show", "cleanup"))
     parser.add_argument("--keep", action="store_true", help="leave the cluster running and print how to look")
+    parser.add_argument("--multi-network", action="store_true",
+                        help="Multus as the primary CNI; one pod with three networks and three device entries")
     args = parser.parse_args(argv)
     if args.action == "show":
         return show()
     if args.action == "cleanup":
         return cleanup()
-    return run(args.keep)
+    return run(args.keep, args.multi_network)
 
 
 if __name__ == "__main__":
