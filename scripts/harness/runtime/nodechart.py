@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,10 @@ def helm(*args: str, kubeconfig: str, timeout: float = 400) -> str:
     """The helm built by scripts/build/components.sh, with its own state dirs."""
     binary = subprocess.run([str(REPO / "scripts" / "build" / "components.sh"), "helm"], capture_output=True,
                             text=True, check=True, timeout=3600).stdout.strip().splitlines()[-1]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
-           "KUBECONFIG": kubeconfig, "HELM_CACHE_HOME": "/tmp/netclaim-helm-cache",
-           "HELM_CONFIG_HOME": "/tmp/netclaim-helm-config", "HELM_DATA_HOME": "/tmp/netclaim-helm-data"}
+    tmp = tempfile.gettempdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", ""),
+           "KUBECONFIG": kubeconfig, "HELM_CACHE_HOME": f"{tmp}/netclaim-helm-cache",
+           "HELM_CONFIG_HOME": f"{tmp}/netclaim-helm-config", "HELM_DATA_HOME": f"{tmp}/netclaim-helm-data"}
     proc = subprocess.run([binary, *args], capture_output=True, text=True, env=env, timeout=timeout)
     if proc.returncode != 0:
         raise ClusterError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
