@@ -162,12 +162,15 @@ class KeeperStatus:
     chained: bool = False
     contested: tuple[str, ...] = ()  # conflists another writer keeps undoing (reported)
     problem: str = ""  # why not chained, when not
+    looked: bool = True  # False until the keeper's first look at the conf dir
 
     def ready(self) -> tuple[bool, str]:
         """Ready when chained, or when the contest that keeps it out is reported (Event, metric, log)."""
         return self.chained or bool(self.contested), self.line()
 
     def line(self) -> str:
+        if not self.looked:
+            return "starting: the CNI conf dir is not read yet"
         state = "chained" if self.chained else "not chained"
         out = f"{state} conflist={self.conflist or '-'}"
         if self.contested:
@@ -229,7 +232,7 @@ class ChainKeeper:
         self.metrics = metrics or KeeperMetrics()
         self.report = report or (lambda conflist, note: None)  # a Warning Event on the Node, if possible
         self.guard = ChainGuard()
-        self.status = KeeperStatus()
+        self.status = KeeperStatus(looked=False)
         self._seen: Snapshot | None = None
         self._plugin_stat: tuple[int, int] | None = None
         self._warned: dict[str, float] = {}

@@ -513,9 +513,12 @@ def test_issue18_item5_not_chained_is_not_ready_and_logged_once(node: Node, plug
     (node.net_d / "10-broken.conflist").write_bytes(b'{"plugins": [')
     with running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:
         port = metrics_port(keeper, tmp_root)
-        wait(lambda: get(port, "/readyz")[0] == 503, "not ready", keeper, tmp_root)
+        # Not ready from the start: first while the conf dir is not read yet, then for the broken file.
+        assert get(port, "/readyz")[0] == 503
+        wait(lambda: get(port, "/readyz")[1].startswith("not chained conflist=10-broken.conflist"), "the reason",
+             keeper, tmp_root)
         code, body = get(port, "/readyz")
-        assert body.startswith("not chained conflist=10-broken.conflist") and "not valid JSON" in body, body
+        assert code == 503 and "not valid JSON" in body, body
         assert sample(port, "netclaim_chained", "10-broken.conflist") == 0
         time.sleep(2)  # ten polls
         assert keeper_log(tmp_root).count("chain status") == 1, keeper_log(tmp_root)
