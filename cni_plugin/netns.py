@@ -37,7 +37,7 @@ def _bind_setns():
 
 
 def _builtin_setns():
-    """The static bundle's builtin (scripts/bundle/netclaim_sys.c): it has no _ctypes."""
+    """The static bundle's builtin (scripts/build/bundle/netclaim_sys.c): it has no _ctypes."""
     try:
         import _netclaim_sys
     except ImportError:

@@ -1,6 +1,6 @@
 """Add, update or remove the netclaim entry of a CNI conflist (stdlib only).
 
-Used by scripts/conflist_edit.py (scripts/install.sh, systemd installs) and by
+Used by scripts/operator/conflist_edit.py (scripts/install.sh, systemd installs) and by
 the chain keeper of the DaemonSet (publisher/chainkeeper.py), so both edit a
 node's network config the same way.
 

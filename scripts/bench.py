@@ -3,7 +3,7 @@
 
 Every figure is a ratio against a reference measured side by side in the same
 run (Go reference plugins, bare Python start-up, a bare apply loop), because
-these machines are noisy. Each suite lives in scripts/benchlib/<suite>.py and
+these machines are noisy. Each suite lives in scripts/harness/benchlib/<suite>.py and
 exposes `add_arguments(parser)` and `run(args) -> dict`; results are written
 as JSON under --out (default bench-results/).
 """
@@ -21,7 +21,7 @@ SUITES = ("plugin", "publisher", "e2e", "scale", "cluster", "soak", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE / "harness"))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(HERE.parent / "bench-results"), help="directory for JSON results")
     sub = parser.add_subparsers(dest="suite", required=True)

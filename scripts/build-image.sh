@@ -55,8 +55,8 @@ done
 VERSION="$("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import cni_plugin; print(cni_plugin.__version__)' "$ROOT")"
 TAG="${TAG:-$VERSION}"
 
-# shellcheck source=lib/apt.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+# shellcheck source=build/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build/apt.sh"
 ensure_packages() {
     ensure_debian_packages "${APT_PACKAGES[@]}"
     if [[ -n "$MULTIARCH" ]]; then ensure_debian_packages "${ARM64_APT_PACKAGES[@]}"; fi

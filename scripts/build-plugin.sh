@@ -6,16 +6,16 @@
 #   scripts/build-plugin.sh --arch arm64  cross-build the aarch64 executable instead
 #                                         (default x86_64; or NETCLAIM_PLUGIN_ARCH=arm64)
 #
-# What it is: a small C program (scripts/bundle/netclaim.c) linked with
+# What it is: a small C program (scripts/build/bundle/netclaim.c) linked with
 # `gcc -static` against Debian's static libpython3.11 and glibc's libc.a, with
 # the plugin's modules and every stdlib module they import frozen into the
-# binary (scripts/bundle/freeze.py). A node needs no Python, no shared library
+# binary (scripts/build/bundle/freeze.py). A node needs no Python, no shared library
 # and no other file. `_json` is compiled from the CPython source that matches
 # the static library (Debian's python3.11 source package: only Modules/_json.c
-# is used); setns(2) is a builtin (scripts/bundle/netclaim_sys.c).
+# is used); setns(2) is a builtin (scripts/build/bundle/netclaim_sys.c).
 #
 # The result is cached under ${XDG_CACHE_HOME:-~/.cache}/netclaim/plugin/<key>/netclaim,
-# where <key> hashes cni_plugin/*.py, scripts/bundle/*, this script and the
+# where <key> hashes cni_plugin/*.py, scripts/build/bundle/*, this script and the
 # libpython version, so changing the plugin's sources rebuilds it.
 #
 # arm64 (aarch64) is cross-built on an x86_64 Debian 12 host: the same frozen
@@ -69,8 +69,8 @@ ELF_MACHINE="Advanced Micro Devices X86-64"
 PLUGIN_CACHE="$CACHE/plugin"
 SYSROOT=""
 
-# shellcheck source=lib/apt.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+# shellcheck source=build/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build/apt.sh"
 ensure_packages() {
     if [[ "$ARCH" == arm64 ]]; then
         ensure_debian_packages "${APT_PACKAGES[@]}" "${ARM64_APT_PACKAGES[@]}"
@@ -179,7 +179,7 @@ cache_key() {
         libpython_version
         if [[ "$ARCH" == arm64 ]]; then printf 'arm64 %s %s\n' "$(cat "$SYSROOT/.complete")" \
             "$(dpkg-query -W -f='${Version}' gcc-aarch64-linux-gnu libc6-dev-arm64-cross)"; fi
-        (cd "$ROOT" && sha256sum cni_plugin/*.py scripts/bundle/* scripts/build-plugin.sh)
+        (cd "$ROOT" && sha256sum cni_plugin/*.py scripts/build/bundle/* scripts/build-plugin.sh)
     } | sha256sum | cut -c1-16
 }
 
@@ -195,10 +195,10 @@ check_static() {
 
 build() {
     local work="$1" json_c="$2" cflags=(-O2 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" "${EXTRA_INCLUDES[@]}" -I"$work")
-    "$PY" -I -S "$HERE/bundle/freeze.py" --src "$ROOT" --inittab "$HERE/bundle/inittab.c" --out "$work"
-    "$CC" "${cflags[@]}" -c "$HERE/bundle/netclaim.c" -o "$work/netclaim.o"
-    "$CC" "${cflags[@]}" -c "$HERE/bundle/netclaim_sys.c" -o "$work/netclaim_sys.o"
-    "$CC" "${cflags[@]}" -c "$HERE/bundle/inittab.c" -o "$work/inittab.o"
+    "$PY" -I -S "$HERE/build/bundle/freeze.py" --src "$ROOT" --inittab "$HERE/build/bundle/inittab.c" --out "$work"
+    "$CC" "${cflags[@]}" -c "$HERE/build/bundle/netclaim.c" -o "$work/netclaim.o"
+    "$CC" "${cflags[@]}" -c "$HERE/build/bundle/netclaim_sys.c" -o "$work/netclaim_sys.o"
+    "$CC" "${cflags[@]}" -c "$HERE/build/bundle/inittab.c" -o "$work/inittab.o"
     "$CC" -O1 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" "${EXTRA_INCLUDES[@]}" -I"$work" -c "$work/frozen.c" -o "$work/frozen.o"
     "$CC" "${cflags[@]}" -ffile-prefix-map="$(dirname "$json_c")"=Modules -I"$INCLUDE/internal" -DPy_BUILD_CORE_BUILTIN \
         -c "$json_c" -o "$work/_json.o"

@@ -10,7 +10,7 @@
 #
 # Everything lives under $NETCLAIM_CP_DIR (default /tmp/netclaim-cp): certificates, the static
 # token file, the service-account key, etcd data, logs, pid files and kubeconfigs. The binaries
-# are built once from Go modules by scripts/build-control-plane.sh and cached outside the repo.
+# are built once from Go modules by scripts/build/components.sh and cached outside the repo.
 # No scheduler or controller-manager runs here: clients write status.allocation themselves, as the
 # scheduler would, and create ServiceAccounts themselves. scripts/cluster.sh runs the rest of a real
 # cluster on top of this script and sets, for its own control plane:
@@ -43,7 +43,7 @@ alive() { # alive PIDFILE
 token() { head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 
 binaries() {
-    mapfile -t BINS < <("$HERE/build-control-plane.sh")
+    mapfile -t BINS < <("$HERE/build/components.sh")
     ETCD_BIN="${BINS[0]}"
     APISERVER_BIN="${BINS[1]}"
     [[ -x "$ETCD_BIN" && -x "$APISERVER_BIN" ]] || die "control-plane binaries missing after build"

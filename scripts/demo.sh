@@ -22,10 +22,10 @@ if [[ "$(id -u)" != 0 ]]; then
 fi
 
 case "${1:-}" in
-    show|cleanup) exec "$ROOT/.venv/bin/python" "$ROOT/scripts/runtime/realdemo.py" "$@" ;;
+    show|cleanup) exec "$ROOT/.venv/bin/python" "$ROOT/scripts/harness/runtime/realdemo.py" "$@" ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
 esac
 
 echo "[demo  0] setting up: Debian packages, the virtualenv, the Go-built components (first run builds them)"
 "$ROOT/scripts/setup.sh"
-exec "$ROOT/.venv/bin/python" "$ROOT/scripts/runtime/realdemo.py" run "$@"
+exec "$ROOT/.venv/bin/python" "$ROOT/scripts/harness/runtime/realdemo.py" run "$@"

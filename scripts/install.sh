@@ -44,6 +44,9 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# The conflist editor: scripts/operator/ in the source tree, beside this script in a flat install kit.
+EDITOR_PY="$HERE/operator/conflist_edit.py"
+[[ -f "$EDITOR_PY" ]] || EDITOR_PY="$HERE/conflist_edit.py"
 
 CNI_BIN_DIR=/opt/cni/bin
 CONFLIST=""
@@ -223,7 +226,7 @@ do_install() {
     fi
     # Edit the conflist first: if it is refused, nothing else has changed.
     entry_args
-    outcome="$("$(editor_python)" "$HERE/conflist_edit.py" install --conflist "$(host "$CONFLIST")" "${ENTRY_ARGS[@]}")" \
+    outcome="$("$(editor_python)" "$EDITOR_PY" install --conflist "$(host "$CONFLIST")" "${ENTRY_ARGS[@]}")" \
         || die "conflist $CONFLIST was not changed"
     if [[ "$outcome" == *'"outcome": "converted"'* ]]; then
         # A single-plugin .conf: the runtime reads it as a one-plugin conflist, so that is what it
@@ -238,7 +241,7 @@ do_install() {
 }
 
 do_uninstall() {
-    "$(editor_python)" "$HERE/conflist_edit.py" uninstall --conflist "$(host "$CONFLIST")" >/dev/null \
+    "$(editor_python)" "$EDITOR_PY" uninstall --conflist "$(host "$CONFLIST")" >/dev/null \
         || die "conflist $CONFLIST was not changed"
     rm -f "$(host "$CNI_BIN_DIR")/netclaim"
     # The plugin's log and its one rotated generation (cni_plugin/log.py), when named.
@@ -252,7 +255,7 @@ do_print() {
         "$(sha256sum "$BUNDLE" | cut -c1-16)"
     printf '# conflist entry\n'
     entry_args
-    "$(editor_python)" "$HERE/conflist_edit.py" entry "${ENTRY_ARGS[@]}"
+    "$(editor_python)" "$EDITOR_PY" entry "${ENTRY_ARGS[@]}"
 }
 
 parse_args "$@"

@@ -25,8 +25,8 @@ APT_PACKAGES=(
     util-linux mount              # nsenter, setsid, flock, umount: the real cluster's node side
 )
 
-# shellcheck source=lib/apt.sh
-source "$ROOT/scripts/lib/apt.sh"
+# shellcheck source=build/apt.sh
+source "$ROOT/scripts/build/apt.sh"
 
 install_packages() {
     ensure_debian_packages "${APT_PACKAGES[@]}"
@@ -53,5 +53,5 @@ make_venv
 "$ROOT/scripts/build-plugin.sh" >/dev/null  # the self-contained CNI plugin (cached outside the repo)
 "$ROOT/scripts/build-plugin.sh" --arch arm64 >/dev/null  # the same cross-built for arm64 nodes (tests run it under qemu-user)
 # shellcheck disable=SC2086
-"$ROOT/scripts/build-control-plane.sh" ${NETCLAIM_BUILD_TARGETS:-all} >/dev/null
+"$ROOT/scripts/build/components.sh" ${NETCLAIM_BUILD_TARGETS:-all} >/dev/null
 log "ready"

@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CONTROL_PLANE = REPO / "scripts" / "control-plane.sh"
 sys.path.insert(0, str(REPO / "tests"))
-sys.path.append(str(REPO / "scripts"))  # appended: scripts/runtime never shadows a package
+sys.path.append(str(REPO / "scripts" / "harness"))  # appended: scripts/harness/runtime never shadows a package
 
 from runtime.realcluster import parse_env  # noqa: E402  (one reader of `... env` exports)
 

@@ -1,7 +1,7 @@
 """scripts/build-plugin.sh: cached by its inputs, rebuilt when the plugin changes, reproducible (both arches).
 
 The build runs on a copy of exactly what the image's `plugin` stage copies
-(cni_plugin/, scripts/build-plugin.sh, scripts/lib/, scripts/bundle/) with its own cache dir;
+(cni_plugin/, scripts/build-plugin.sh, scripts/build/, scripts/build/bundle/) with its own cache dir;
 the CPython source it needs (Modules/_json.c) is seeded from this machine's
 cache when there is one, else fetched as a fresh machine would.
 """
@@ -22,8 +22,8 @@ def _kit(dest: Path) -> Path:
     shutil.copytree(REPO / "cni_plugin", dest / "cni_plugin", ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "scripts").mkdir()
     shutil.copy2(REPO / "scripts" / "build-plugin.sh", dest / "scripts" / "build-plugin.sh")
-    shutil.copytree(REPO / "scripts" / "bundle", dest / "scripts" / "bundle")
-    shutil.copytree(REPO / "scripts" / "lib", dest / "scripts" / "lib")
+    shutil.copytree(REPO / "scripts" / "build" / "bundle", dest / "scripts" / "build" / "bundle")
+    shutil.copy2(REPO / "scripts" / "build" / "apt.sh", dest / "scripts" / "build" / "apt.sh")
     return dest
 
 

@@ -157,7 +157,7 @@ def test_the_arm64_image_runs_its_publisher_under_qemu(layout: Layout, qemu: Pat
 
 
 def test_containerd_imports_the_index_for_both_platforms(archive: Path) -> None:
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "scripts" / "harness"))
     from runtime.containerd import Containerd, ContainerdPaths
 
     base = Path(tempfile.mkdtemp(prefix="ncimg-"))  # short: containerd's socket path must fit AF_UNIX

@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "harness"))
 
 from runtime.realcluster import ClusterError, RealCluster, cluster_sh  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The Helm chart as the tests use it: the real helm binary, rendering, and the shipped role.
 
-helm is built from Go modules by scripts/build-control-plane.sh (cached by
+helm is built from Go modules by scripts/build/components.sh (cached by
 version). A test that cannot get it fails with the reason; it is not skipped.
 """
 
@@ -17,12 +17,12 @@ import yaml
 from deploylib import REPO
 
 CHART = REPO / "conf" / "helm" / "netclaim"
-BUILD = REPO / "scripts" / "build-control-plane.sh"
+BUILD = REPO / "scripts" / "build" / "components.sh"
 
 
 def kube_version() -> str:
     """The Kubernetes version built here: offline rendering checks the chart's kubeVersion against it."""
-    gomod = (REPO / "scripts" / "gomod" / "kubernetes" / "go.mod").read_text()
+    gomod = (REPO / "scripts" / "build" / "gomod" / "kubernetes" / "go.mod").read_text()
     return re.search(r"^require k8s\.io/kubernetes (v[0-9.]+)$", gomod, re.M).group(1)
 
 
@@ -30,7 +30,7 @@ def helm_binary() -> str:
     """$HELM, else the cached build of the pinned version, else build it (waits for the build lock)."""
     if os.environ.get("HELM"):
         return os.environ["HELM"]
-    gomod = (REPO / "scripts" / "gomod" / "helm" / "go.mod").read_text()
+    gomod = (REPO / "scripts" / "build" / "gomod" / "helm" / "go.mod").read_text()
     version = re.search(r"^require helm\.sh/helm/v3 (v[0-9.]+)$", gomod, re.M).group(1)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "netclaim" / "bin"
     cached = cache / f"helm-{version}"

@@ -25,7 +25,7 @@ DRIVER = "net.example.com"
 
 # The runtime helpers under scripts/ (process stop, node identity) serve the
 # demo and these tests alike.
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "harness"))
 from runtime.procs import terminate  # noqa: E402,F401
 
 

@@ -115,7 +115,7 @@ def test_publisher_mounts_nothing_it_does_not_use() -> None:
 
 
 def test_generated_manifests_are_not_stale() -> None:
-    proc = subprocess.run([str(REPO / "scripts" / "gen-manifests.sh"), "--check"], capture_output=True, text=True,
+    proc = subprocess.run([str(REPO / "scripts" / "build" / "manifests.sh"), "--check"], capture_output=True, text=True,
                           env={**os.environ, "HELM": helm_binary()}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -33,7 +33,7 @@ import cni_plugin
 from chartlib import CHART, helm
 from deploylib import REPO, own_cluster
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "harness"))
 from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.containerd

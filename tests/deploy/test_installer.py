@@ -329,8 +329,8 @@ def test_install_kit_uses_the_plugin_beside_the_script(tmp_root: Path, bundle: P
     /opt/netclaim/bin/netclaim, no source tree and no build script: that executable is installed."""
     kit = tmp_root / "opt" / "netclaim" / "scripts"
     kit.mkdir(parents=True)
-    for name in ("install.sh", "conflist_edit.py"):
-        shutil.copy2(REPO / "scripts" / name, kit / name)
+    shutil.copy2(REPO / "scripts" / "install.sh", kit / "install.sh")
+    shutil.copy2(REPO / "scripts" / "operator" / "conflist_edit.py", kit / "conflist_edit.py")
     (kit.parent / "bin").mkdir()
     shutil.copy2(bundle, kit.parent / "bin" / "netclaim")
     # The image's venv (the publisher package, which the conflist editor shares) beside the kit.

@@ -1,7 +1,7 @@
 """Every Kubernetes manifest shipped in conf/ is accepted by the real API server.
 
 conf/kubernetes/NN-*.yaml are generated from the Helm chart
-(scripts/gen-manifests.sh; tests/deploy/test_chart.py fails when they are stale).
+(scripts/build/manifests.sh; tests/deploy/test_chart.py fails when they are stale).
 
 Server-side apply with dryRun=All runs the full admission and validation
 chain without persisting anything, which is what `kubectl apply

@@ -29,7 +29,7 @@ import pytest
 
 from deploylib import REPO, own_cluster
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "harness"))
 from runtime.realcluster import (RealCluster, cluster_sh, entries_of, ready_status,  # noqa: E402
                                  wait_until)
 

@@ -1,6 +1,6 @@
 """Fixtures for the end-to-end tests: a real containerd, the real publisher, the real API server.
 
-The containerd harness (scripts/runtime/) is started once per session; each
+The containerd harness (scripts/harness/runtime/) is started once per session; each
 test gets its own netclaim conflist (installed with scripts/install.sh and
 pointing at its own publisher socket and spool), its own publisher process,
 namespace and Node, so tests cannot see each other's state. Anything that
@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "harness"))
 
 from runtime.cni_conf import NetclaimInstall  # noqa: E402
 from runtime.harness import Harness, ensure_packages  # noqa: E402

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def cnitool() -> str:
-    proc = subprocess.run([str(REPO / "scripts" / "build-control-plane.sh"), "cnitool"], capture_output=True,
+    proc = subprocess.run([str(REPO / "scripts" / "build" / "components.sh"), "cnitool"], capture_output=True,
                           text=True, timeout=3600)
     if proc.returncode != 0:
         pytest.fail(f"cnitool could not be built: {proc.stderr[-2000:]}", pytrace=False)

@@ -37,10 +37,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).resolve().parents[2]
-# Appended, never prepended: scripts/runtime has a publisher.py that must not shadow the package.
-sys.path.append(str(REPO / "scripts" / "runtime"))
+# Appended, never prepended: scripts/harness/runtime has a publisher.py that must not shadow the package.
+sys.path.append(str(REPO / "scripts" / "harness" / "runtime"))
 sys.path.append(str(REPO / "tests" / "publisher"))
-import identity  # noqa: E402  (scripts/runtime/identity.py: the shipped node identity)
+import identity  # noqa: E402  (scripts/harness/runtime/identity.py: the shipped node identity)
 from publisher_testkit import Publisher  # noqa: E402  (tests/publisher: the publisher subprocess)
 
 BIN = Path(sys.executable).parent

@@ -2,7 +2,7 @@
 
 Hand-made stdin tests only prove what the plugin does with what the test
 author thinks a runtime sends. Here libcni builds the plugin's input: its own
-runner `cnitool` (built and cached by scripts/build-control-plane.sh) for ADD,
+runner `cnitool` (built and cached by scripts/build/components.sh) for ADD,
 CHECK, DEL, GC and STATUS, and a 60-line driver of the same library
 (tests/plugin/libcni_driver) for the two calls cnitool cannot make: GC with a
 list of valid attachments, and VERSION. The chain is bridge + host-local (the
@@ -34,7 +34,7 @@ POD = {"K8S_POD_NAMESPACE": "team-a", "K8S_POD_NAME": "web-0", "K8S_POD_UID": "u
 
 
 def _build(*targets: str) -> list[str]:
-    proc = subprocess.run([str(REPO / "scripts" / "build-control-plane.sh"), *targets], capture_output=True,
+    proc = subprocess.run([str(REPO / "scripts" / "build" / "components.sh"), *targets], capture_output=True,
                           text=True, timeout=3600)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(targets)} could not be built: {proc.stderr[-2000:]}", pytrace=False)

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 MINUTES = os.environ.get("NETCLAIM_SOAK_MINUTES", "5")
 CLUSTER_DIR = os.environ.get("NETCLAIM_SOAK_CLUSTER_DIR", "/tmp/nc-soak")
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "harness"))
 from benchlib.soak_report import INVARIANTS  # noqa: E402
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "harness"))
 
 from benchlib.soak_checks import (  # noqa: E402
     Counters, FaultWindow, Persistence, Sample, flatness, readiness_verdict, spool_share)
@@ -95,6 +95,6 @@ def test_the_clock_shim_shifts_only_the_wall_clock_of_its_process(tmp_path: Path
     offset.write_text("-3600\n")
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import soak_clockshim; real = time.time(); "
             "soak_clockshim.install(sys.argv[2]); print(round(real - time.time()), round(real * 1e9 - time.time_ns()))")
-    out = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts" / "benchlib"), str(offset)],
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts" / "harness" / "benchlib"), str(offset)],
                          capture_output=True, text=True, check=True).stdout.split()
     assert [round(int(v) / s) for v, s in zip(out, (1, 1e9))] == [3600, 3600]

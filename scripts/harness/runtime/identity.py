@@ -42,7 +42,7 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MANIFESTS = (REPO / "conf" / "kubernetes" / "00-namespace.yaml", REPO / "conf" / "kubernetes" / "10-rbac.yaml")
 FIELD_MANAGER = "netclaim-demo"
 NAMESPACE = "netclaim-system"

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CLUSTER_SH = REPO / "scripts" / "cluster.sh"
 PAUSE_IMAGE = "netclaim.local/pause:e2e"
 

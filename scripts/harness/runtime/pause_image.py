@@ -79,7 +79,7 @@ def image_blobs(binary: bytes, ref: str) -> tuple[dict[str, object], list[Blob]]
             "os": "linux",
             "config": {"Entrypoint": ["/pause"], "User": "0:0"},
             "rootfs": {"type": "layers", "diff_ids": [layer.digest]},
-            "history": [{"created_by": "netclaim scripts/runtime/pause_image.py"}],
+            "history": [{"created_by": "netclaim scripts/harness/runtime/pause_image.py"}],
         },
     )
     manifest = _json_blob(

@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "benchmarks.md"
 PLOT = REPO / "docs" / "benchmarks-add-to-visible.png"
 SUITES = ("plugin", "publisher", "e2e")
@@ -38,7 +38,7 @@ def _run_suite(name: str, out: str) -> dict[str, Any]:
         module = importlib.import_module(f"benchlib.{name}")
     except ModuleNotFoundError as exc:
         if exc.name == f"benchlib.{name}":
-            return {"error": f"suite scripts/benchlib/{name}.py is not present"}
+            return {"error": f"suite scripts/harness/benchlib/{name}.py is not present"}
         raise
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)

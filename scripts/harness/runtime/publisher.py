@@ -20,7 +20,7 @@ from typing import Any
 from .jsonlog import log
 from .procs import terminate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from cni_plugin.wire import encode_frame, read_frame  # noqa: E402

@@ -39,7 +39,7 @@ from typing import Any
 from . import node_costs
 from .stats import paced, percentile
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 DRIVER = "net.example.com"
 CLASS = "netclaim-bench"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the project's Go-built tools once, from Go modules, and cache them by version.
 #
-#   scripts/build-control-plane.sh                # etcd and kube-apiserver
-#   scripts/build-control-plane.sh TARGET...      # any of the targets below, or a group:
+#   scripts/build/components.sh                # etcd and kube-apiserver
+#   scripts/build/components.sh TARGET...      # any of the targets below, or a group:
 #                                                 #   control-plane, node, runtime, cni-plugins, tools, all
 #
 # Nothing here is committed: the binaries land in

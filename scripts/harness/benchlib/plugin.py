@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TARGETS = {"report_only_add_x_floor": 1.5, "setup_add_x_floor": 3.0, "report_only_peak_rss_mib": 30.0}
 HEADLINE = "bundle ADD report-only (read-back, spool)"
 FLOOR = "floor python3 -I -S -c pass"

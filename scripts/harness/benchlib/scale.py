@@ -60,7 +60,7 @@ from typing import Any
 from .publisher import BIN, CLASS, DRIVER, MERGE, Watcher, _free_port, _result
 from .stats import paced, percentile
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NETWORK = "scalenet"
 REQUEST = "nic"
 NODE_PREFIX = "scale-"
@@ -589,7 +589,7 @@ def _mem_available_mib() -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "scripts" / "harness"))
     levels = sorted(int(x) for x in args.nodes.split(",") if x.strip())
     points, error = measure_points(args, levels) if levels else ([], "")
     if args.apf:
@@ -900,7 +900,7 @@ def apf_phase(flood_requests: int = 480, threads: int = 24, rounds: int = 40) ->
     os.environ["NETCLAIM_CP_DIR"] = os.environ.get("NETCLAIM_CP_DIR", "/tmp/netclaim-cp") + "-apf"
     os.environ["NETCLAIM_CP_APISERVER_ARGS"] = APF_APISERVER_ARGS
     try:
-        subprocess.run([str(REPO / "scripts" / "control-plane.sh"), "down"], check=True, capture_output=True)
+        subprocess.run([str(REPO / "scripts" / "harness" / "control-plane.sh"), "down"], check=True, capture_output=True)
         handle = controlplane.up()
     finally:
         os.environ.clear()
@@ -937,7 +937,7 @@ def apf_phase(flood_requests: int = 480, threads: int = 24, rounds: int = 40) ->
         out["nominal_seats"] = _nominal_seats(handle)
         return out
     finally:
-        subprocess.run([str(REPO / "scripts" / "control-plane.sh"), "down"], capture_output=True, env=handle.env)
+        subprocess.run([str(REPO / "scripts" / "harness" / "control-plane.sh"), "down"], capture_output=True, env=handle.env)
 
 
 def _nominal_seats(handle: Any) -> dict[str, float]:

@@ -243,7 +243,7 @@ def write_doc(fig: dict[str, Any], doc: Path, png: Path | None) -> None:
         "Three Deployments (two of ordinary pods, one whose pods get a claim from a ResourceClaimTemplate of the",
         "DRA test driver) scale every 12 s while faults are injected one at a time, each followed by 15 s of",
         "quiet; the invariants are checked every 2 s from the API, crictl and each pod's own netns",
-        "(scripts/benchlib/soak.py). A fault counts as survived when no violation was first seen between its",
+        "(scripts/harness/benchlib/soak.py). A fault counts as survived when no violation was first seen between its",
         "start and the next fault, /readyz behaved, no node service died and the injector worked; a wrong",
         "state that an earlier fault caused shows up at the next claimed pod start, so read the violations too.",
         "", "| figure | value |", "|---|---|",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .jsonlog import log
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 INSTALL_SH = REPO / "scripts" / "install.sh"
 REFERENCE_PLUGIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 NEEDED_PLUGINS = ("bridge", "host-local", "loopback")

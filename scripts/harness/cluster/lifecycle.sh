@@ -1,0 +1,165 @@
+# Sourced by scripts/cluster.sh (its variables and state are in scope): up, down, env and status of the whole cluster
+# shellcheck shell=bash
+
+# ------------------------------------------------------------------ up / down
+
+all_alive() {
+    local n
+    for n in containerd kubelet kube-controller-manager kube-scheduler dra-driver; do
+        alive "$DIR/$n.pid" || return 1
+    done
+}
+
+cmd_up() {
+    [[ "$(id -u)" == 0 ]] || die "needs root (kubelet, containerd, cgroups, network namespaces)"
+    mkdir -p "$DIR" && chmod 700 "$DIR"
+    exec 9>"$DIR/.lock"
+    flock 9
+    if [[ -f "$STATE" ]] && all_alive; then
+        load_state
+        node_untainted || die "cluster in $DIR runs but node $NODE is not Ready (see $DIR/*.log)"
+        log "already up"
+        cmd_env
+        return 0
+    fi
+    [[ -f "$STATE" ]] && { log "a previous cluster in $DIR is half up: taking it down first"; cmd_down_locked; mkdir -p "$DIR"; }
+    local t0=$SECONDS
+    binaries
+    NODE_IP="$(node_ip)"
+    [[ -n "$NODE_IP" ]] || die "no default route: cannot choose the kubelet's --node-ip"
+    pick_subnet
+    KUBELET_PORT="$(free_port)"
+    KUBELET_HEALTHZ_PORT="$(free_port)"
+    VARLIB_KUBELET_CREATED=0; [[ -e /var/lib/kubelet ]] || VARLIB_KUBELET_CREATED=1
+    VARLOG_CONTAINERS_CREATED=0; [[ -e /var/log/containers ]] || VARLOG_CONTAINERS_CREATED=1
+    : >"$STATE"
+    chmod 600 "$STATE"
+    for v in NODE NODE_IP SUBNET KUBELET_PORT KUBELET_HEALTHZ_PORT VARLIB_KUBELET_CREATED \
+             VARLOG_CONTAINERS_CREATED KUBELET SCHEDULER KCM KUBECTL DRA_DRIVER CONTAINERD SHIM CTR CRICTL RUNC; do
+        save_var "$v"
+    done
+    save_sysctls
+    make_cgroups
+
+    log "control plane (etcd, kube-apiserver) in $CP_DIR"
+    "$HERE/control-plane.sh" up >/dev/null
+    source "$CP_DIR/ports.env"
+    save_var APISERVER_PORT
+    start_kcm
+    start_scheduler
+
+    prepare_cni
+    start_containerd
+    log "building and importing the sandbox image $SANDBOX_IMAGE"
+    import_image "$("$PY" "$HERE/harness/runtime/clusterctl.py" pause-image "$DIR/img")"
+
+    mkdir -p "$KROOT" "$DIR/pod-logs"
+    kubelet_config >"$DIR/kubelet.yaml"
+    start_kubelet
+    start_driver
+    device_class
+    wait_for 90 "the not-ready taint to go" node_untainted
+    restore_sysctls
+    log "up in $((SECONDS - t0))s: node $NODE Ready, driver $DRIVER publishing, pod subnet $SUBNET"
+    cmd_env
+}
+
+delete_pods() { # let the kubelet stop every sandbox (CNI DEL, unprepare, unmount) while it runs
+    alive "$DIR/kubelet.pid" && alive "$CP_DIR/kube-apiserver.pid" || return 0
+    kc delete daemonsets,deployments,replicasets,jobs --all-namespaces --all --wait=false >/dev/null 2>&1 || true
+    kc delete pods --all-namespaces --all --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+    local i
+    for i in $(seq 1 100); do
+        [[ -z "$(kc get pods -A -o name 2>/dev/null)" ]] && break
+        sleep 0.2
+    done
+}
+
+unmount_under() { # every mount below DIR, deepest first
+    local m
+    for m in $(awk -v d="$1/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r); do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: cannot unmount $m"
+    done
+    if awk -v d="$1" '$2 == d' /proc/self/mounts | grep -q .; then umount "$1" 2>/dev/null || true; fi
+    return 0
+}
+
+other_kubelet() { # another kubelet runs on this host (its /var/lib/kubelet must stay)
+    local p exe
+    for p in /proc/[0-9]*; do
+        exe="$(readlink "$p/exe" 2>/dev/null || true)"
+        [[ "$(basename "$exe")" == kubelet* ]] && return 0
+    done
+    return 1
+}
+
+cmd_down_locked() {
+    [[ -f "$STATE" ]] && source "$STATE"
+    [[ -n "${KUBECTL:-}" ]] && delete_pods
+    stop_pid chain-keeper publisher dra-driver kubelet kube-scheduler kube-controller-manager
+    if [[ -n "${CRICTL:-}" ]] && alive "$DIR/containerd.pid"; then
+        # What the kubelet left: stop and remove every sandbox so CNI DEL runs.
+        CONTAINER_RUNTIME_ENDPOINT="unix://$CTD/containerd.sock" timeout 60 "$CRICTL" rmp -fa >/dev/null 2>&1 || true
+    fi
+    stop_containerd
+    "$HERE/control-plane.sh" down >/dev/null 2>&1 || true
+    unmount_under "$DIR"
+    remove_cgroups
+    ip link delete "$BRIDGE" type bridge 2>/dev/null || true
+    restore_sysctls
+    if [[ -d /var/log/containers ]]; then
+        find /var/log/containers -maxdepth 1 -type l -lname "$DIR/*" -delete 2>/dev/null || true
+        [[ "${VARLOG_CONTAINERS_CREATED:-0}" == 1 ]] && rmdir /var/log/containers 2>/dev/null || true
+    fi
+    if [[ "${VARLIB_KUBELET_CREATED:-0}" == 1 ]] && ! other_kubelet; then rm -rf /var/lib/kubelet; fi
+    rm -rf "$DIR"
+    log "down"
+}
+
+cmd_down() {
+    [[ -d "$DIR" ]] || return 0
+    exec 9>"$DIR/.lock"
+    flock 9
+    cmd_down_locked
+}
+
+cmd_env() {
+    load_state
+    local v
+    printf 'export NETCLAIM_CLUSTER_DIR=%q\n' "$DIR"
+    printf 'export NETCLAIM_CP_DIR=%q\n' "$CP_DIR"
+    printf 'export KUBECONFIG=%q\n' "$CP_DIR/admin.kubeconfig"
+    printf 'export CONTAINER_RUNTIME_ENDPOINT=%q\n' "unix://$CTD/containerd.sock"
+    for v in NODE DRIVER DEVICE_CLASS SANDBOX_IMAGE SUBNET BRIDGE CONFLIST CNI_BIN CNI_CONF CDI_DIR \
+             KUBECTL CTR CRICTL DRA_DRIVER KUBELET_PORT KUBELET_ROOT; do
+        printf 'export NETCLAIM_%s=%q\n' "$v" "${!v}"
+    done
+    printf 'export NETCLAIM_CONTAINERD_ADDRESS=%q\n' "$CTD/containerd.sock"
+    printf 'export NETCLAIM_APISERVER=%q\n' "https://127.0.0.1:$APISERVER_PORT"
+    printf 'export NETCLAIM_APISERVER_CA=%q\n' "$CP_DIR/pki/ca.crt"
+    printf 'export NETCLAIM_PUBLISHER_SOCKET=%q\n' "$NC/publisher.sock"
+    printf 'export NETCLAIM_PUBLISHER_LOG=%q\n' "$DIR/publisher.log"
+    printf 'export NETCLAIM_PLUGIN_LOG=%q\n' "$NC/plugin.log"
+}
+
+cmd_status() {
+    local n
+    [[ -f "$STATE" ]] || { echo "no cluster in $DIR"; return 1; }
+    "$HERE/control-plane.sh" status
+    for n in kube-controller-manager kube-scheduler containerd kubelet dra-driver publisher chain-keeper; do
+        if alive "$DIR/$n.pid"; then echo "$n: running (pid $(cat "$DIR/$n.pid"))"; else echo "$n: stopped"; fi
+    done
+}
+
+cmd_kubelet_start() {
+    load_state
+    alive "$DIR/kubelet.pid" && return 0
+    start_kubelet
+    wait_for 60 "the driver's ResourceSlice" slice_published
+}
+
+cmd_containerd_start() {
+    load_state
+    alive "$DIR/containerd.pid" && return 0
+    start_containerd
+}
