@@ -34,13 +34,14 @@ from typing import Any, Callable, Iterator
 
 from . import logs
 from .clock import node_seconds
-from .kube import Kube, NotFound, PermanentError, TransientError
+from .kube import Forbidden, Kube, NotFound, PermanentError, TransientError
 from .listwatch import Relist, events
 from .reconciler import allocation_fingerprint
 from .writer import holds, owned_keys
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 SEEN_KEPT = 64  # resourceVersions of a window's recent events, to place its settle point
+FORBIDDEN_PAUSE = 300.0  # after a watch got 403 but the GET did not: GETs only for this long
 
 
 def _rv(obj: dict[str, Any]) -> str:
@@ -62,6 +63,7 @@ class Window:
     settled_rv: str = ""  # the claim's version as netclaim last left it
     past_settle: bool = False  # an event at or after settled_rv was seen
     seen: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (rv, claim), newest last
+    closing: bool = False  # swept: its stream was shut down, its thread is ending
 
     @property
     def key(self) -> str:
@@ -82,6 +84,7 @@ class ClaimWindows:
         self.on_gauge = on_gauge
         self.log = logs.get()
         self.refused = False  # the server refuses sendInitialEvents: plain GETs from now on
+        self.forbidden_until = 0.0  # node time: RBAC without `watch` (an old ClusterRole), GETs until then
         self._open: dict[str, Window] = {}
         self._lock = threading.Lock()
 
@@ -98,10 +101,28 @@ class ClaimWindows:
         except _Refused:
             with self.kube.purpose("resolve-get"):
                 return self.kube.get_claim(namespace, name)
+        except Forbidden as exc:
+            # An install whose ClusterRole predates the window grants `get` only: keep
+            # publishing with GETs, and say so. A 403 that the GET gets too is the API's
+            # own (an authorizer not synced yet): raised as before, retried with backoff.
+            with self.kube.purpose("resolve-get"):
+                claim = self.kube.get_claim(namespace, name)
+            self.forbidden_until = node_seconds() + FORBIDDEN_PAUSE
+            self.log.warning("watching a claim is forbidden (RBAC without `watch` on resourceclaims?): claims "
+                             "are read with GET and not followed", extra={"claim": key, "error": exc.message})
         return claim
 
+    def unused(self, namespace: str, name: str) -> None:
+        """The claim read to resolve is not the ADD's (another driver's, not allocated or reserved
+        yet): close its stream now rather than after the grace, so it holds no slot."""
+        with self._lock:
+            win = self._open.get(f"{namespace}/{name}")
+            stale = win is not None and win.entries is None and not win.settled_rv
+        if stale:
+            _close(win.resp)
+
     def _reserve(self, key: str) -> bool:
-        if self.window <= 0 or self.refused or self.stopping.is_set():
+        if self.window <= 0 or self.refused or self.stopping.is_set() or node_seconds() < self.forbidden_until:
             return False
         self.sweep()
         with self._lock:
@@ -237,7 +258,9 @@ class ClaimWindows:
         """Close the windows past their deadline (their thread then ends and frees the slot)."""
         now = node_seconds()
         with self._lock:
-            expired = [w for w in self._open.values() if w is not None and now >= w.deadline]
+            expired = [w for w in self._open.values() if w is not None and not w.closing and now >= w.deadline]
+            for win in expired:
+                win.closing = True
         for win in expired:
             _close(win.resp)
 
@@ -247,7 +270,7 @@ class ClaimWindows:
 
     def next_deadline(self) -> float | None:
         with self._lock:
-            deadlines = [w.deadline for w in self._open.values() if w is not None]
+            deadlines = [w.deadline for w in self._open.values() if w is not None and not w.closing]
         return min(deadlines) if deadlines else None
 
     def close_all(self) -> None:

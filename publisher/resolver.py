@@ -329,6 +329,13 @@ class Resolver:
         except NotFound:
             waiting.append(f"claim {namespace}/{name} is not visible")
             return None
+        target = self._target(namespace, name, claim, pod_uid, event, bound_for_claim, waiting, ours)
+        if target is None and self.claims is not None:
+            self.claims.unused(namespace, name)
+        return target
+
+    def _target(self, namespace: str, name: str, claim: dict[str, Any], pod_uid: str, event: Event,
+                bound_for_claim: Any, waiting: list[str], ours: list[str]) -> Target | None:
         status = claim.get("status") or {}
         if not status.get("allocation"):
             waiting.append(f"claim {namespace}/{name} is not allocated")

@@ -163,7 +163,10 @@ class Housekeeping:
             dirty = self.journal.next_dirty()
         except Exception:  # noqa: BLE001 - the retries step reports the journal's trouble
             dirty = None
-        for when in (dirty, self.safety.next_due(), self.windows.next_deadline() if self.windows else None):
+        verify = self.safety.next_due()
+        if verify is not None:  # not before the step's own backoff ends
+            verify = max(verify, self.steps.get("resync", StepState()).next_try)
+        for when in (dirty, verify, self.windows.next_deadline() if self.windows else None):
             if when is not None:
                 due.append(when - now)
         return max(0.05, min(due))
@@ -207,18 +210,22 @@ class Housekeeping:
         if self._resync_requested.is_set():
             self._resync_requested.clear()
             self.safety.request_all()
+        dirty = {f"{ns}/{name}" for ns, name, _ in self.journal.dirty_claims()} if self.journal.dirty_count() else set()
         for key in self.safety.due(node_seconds()):
             if self.stopping.is_set():
                 return
+            if key in dirty:  # being retried already; verified when that reconcile succeeds
+                self.safety.postpone(key)
+                continue
             ns, _, name = key.partition("/")
             self.metrics.claims_verified.inc()
             try:
                 wrote = self.reconciler.reconcile(ns, name, purpose="verify")
-            except TransientError as exc:
+            except TransientError:
+                # The claim stays due; the whole step backs off (1 s doubling to a minute):
+                # an unreachable API costs one GET per backoff, not one per claim.
                 self.resync_failures += 1
-                self.claim_retry(ns, name, exc)
-                self.safety.verified(key)  # the claim is dirty now: retries take it from here
-                continue
+                raise
             finally:
                 self.health.beat("housekeeping")
             self.resync_failures = 0

@@ -38,6 +38,12 @@ class SafetyNet:
             self._due[key] = node_seconds() + self.after + random.uniform(0, self.spread)
             self._verified[key] = wall()
 
+    def postpone(self, key: str) -> None:
+        """Not verified now (the claim is being retried): due again a whole interval later."""
+        with self._lock:
+            if key in self._due:
+                self._due[key] = node_seconds() + self.after + random.uniform(0, self.spread)
+
     def track(self, keys: Iterable[str]) -> None:
         """Give every claim not seen before its first due time; forget claims no longer tracked."""
         now = node_seconds()

@@ -46,6 +46,7 @@ class LossyApiProxy:
         self.lost = 0
         self.patches = 0
         self._lock = threading.Lock()
+        self._live: set[socket.socket] = set()  # upstream connections being relayed (watches stay open)
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -66,6 +67,13 @@ class LossyApiProxy:
         except OSError:
             pass
         self._listener.close()
+        with self._lock:
+            live = list(self._live)
+        for up in live:  # a watch relayed for a publisher already gone must not outlive the test
+            try:
+                up.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _accept(self) -> None:
         while True:
@@ -93,9 +101,15 @@ class LossyApiProxy:
                 return
             lose = status_patch and self._count_patch()
             with socket.create_connection(self.upstream, timeout=30) as up_raw:
-                with self.client_ctx.wrap_socket(up_raw, server_hostname=self.upstream[0]) as up:
-                    up.sendall(_closing(head) + body)
-                    self._relay(up, None if lose else conn)
+                with self._lock:
+                    self._live.add(up_raw)
+                try:
+                    with self.client_ctx.wrap_socket(up_raw, server_hostname=self.upstream[0]) as up:
+                        up.sendall(_closing(head) + body)
+                        self._relay(up, None if lose else conn)
+                finally:
+                    with self._lock:
+                        self._live.discard(up_raw)
             if lose:
                 with self._lock:
                     self.lost += 1

@@ -118,6 +118,18 @@ def test_claim_missing_at_resolve_waits_then_publishes(cluster: Cluster, publish
     assert publisher.metric('netclaim_events_failed_total') == 0
 
 
+def test_pod_deleted_without_its_del_loses_its_entry(cluster: Cluster, publisher):
+    """The runtime's DEL never came (a node that lost it): the pod watch's deletion is the event
+    that removes the entry, without any periodic pass."""
+    claim, uid = cluster.pod_with_claim("gone", [("nic", "nic0")])
+    send(publisher.socket, wire_event("ADD", "c" + suffix(), PodRef(cluster.namespace, "gone", uid), cni_result()))
+    cluster.wait_devices(claim, lambda d: entries(d) == {"nic0"})
+    cluster.core.delete_namespaced_pod("gone", cluster.namespace, grace_period_seconds=0)
+    cluster.wait_devices(claim, lambda d: entries(d) == set(), timeout=REPAIR_WITHIN)
+    wait_until("the attachment forgotten", lambda: publisher.status()["attachments"] == 0)
+    assert purpose(publisher, "verify") == 0
+
+
 # ---------------------------------------------------------------- (d) the cost at rest
 
 IDLE_CLAIMS = 24
