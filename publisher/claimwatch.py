@@ -192,6 +192,16 @@ class ClaimWindows:
 
     # ------------------------------------------------------------ the window
 
+    def writing(self, key: str) -> None:
+        """A reconcile of `key` is about to apply: its own write is not drift. Checks pause until
+        settled() says which version that write made (events after it are checked then)."""
+        with self._lock:
+            win = self._open.get(key)
+            if win is not None:
+                win.entries = None
+                win.past_settle = False
+                win.settled_rv = ""
+
     def settled(self, key: str, entries: list[dict[str, Any]], claim: dict[str, Any], rv: str) -> None:
         """A reconcile of `key` succeeded: netclaim's entries are `entries`, the claim is at version
         `rv` (the apply's answer, or the copy used when the apply was skipped). Opens the window."""

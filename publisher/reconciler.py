@@ -265,6 +265,8 @@ class Reconciler:
                 self.journal.clean(ns, name)
                 self.verified(key)
                 return False
+            if self.windows is not None:
+                self.windows.writing(key)
             try:
                 wrote = self.writer.apply(ns, name, desired.entries, server_devices(claim), record=False,
                                           owned=owned_keys(claim, self.writer.field_manager))
