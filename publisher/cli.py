@@ -126,10 +126,27 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               show_default=True, type=float,
               help="Seconds an event may wait for its pod to be visible or its claim allocated before it "
                    "is reported and dropped.")
-@click.option("--resync-interval", envvar="NETCLAIM_RESYNC_INTERVAL", show_envvar=True, default=300.0,
-              show_default=True, type=float,
-              help="Seconds between resyncs: repair claim status that differs from the desired state, "
-                   "drop attachments whose pod or claim is gone.")
+@click.option("--verify-after", envvar="NETCLAIM_VERIFY_AFTER", show_envvar=True, default=86400.0,
+              show_default=True, type=click.FloatRange(0.05, None),
+              help="Safety net: each tracked claim is read again and repaired if needed this many seconds "
+                   "(plus --verify-spread jitter) after it was last verified. Drift is repaired by events "
+                   "first; this covers what no event shows.")
+@click.option("--verify-spread", envvar="NETCLAIM_VERIFY_SPREAD", show_envvar=True, default=43200.0,
+              show_default=True, type=click.FloatRange(0, None),
+              help="Random extra seconds (uniform) added to each claim's --verify-after, so the reads are spread "
+                   "evenly over time and nodes.")
+@click.option("--claim-window", envvar="NETCLAIM_CLAIM_WINDOW", show_envvar=True, default=90.0,
+              show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds a claim stays watched after netclaim's apply: a change that drops or alters its "
+                   "entries is repaired at once (0: claims are read with GET and not watched).")
+@click.option("--max-claim-windows", envvar="NETCLAIM_MAX_CLAIM_WINDOWS", show_envvar=True, default=32,
+              show_default=True, type=click.IntRange(0, 1024),
+              help="Claim watches open at once at most (a thread and a connection each); beyond, a claim is "
+                   "read with GET and not watched.")
+@click.option("--resync-interval", envvar="NETCLAIM_RESYNC_INTERVAL", show_envvar=True, default=None,
+              type=click.FloatRange(0.05, None),
+              help="Deprecated: the same as --verify-after S --verify-spread 0 (each claim verified every S "
+                   "seconds). Kept for existing installs; will be removed.")
 @click.option("--retry-max-delay", envvar="NETCLAIM_RETRY_MAX_DELAY", show_envvar=True, default=5.0,
               show_default=True, type=float, help="Cap of the backoff between retries of a failed apply (429/5xx/"
                                                   "no connection).")
@@ -149,7 +166,8 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               help="Seconds after a claimed pod is seen Running before a missing ADD counts as not chained.")
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
         metrics_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
-        allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, resync_interval: float,
+        allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, verify_after: float,
+        verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
         unchained_grace: float) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
@@ -168,10 +186,16 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     limit_malloc_arenas()
     log = logs.setup(log_format, log_level)
     metrics = Metrics()
-    kube = Kube(api_client_for(kubeconfig, workers + 4), metrics.record_api,
-                credentials=Credentials(kubeconfig, workers + 4))
+    if resync_interval is not None:
+        log.warning("--resync-interval (NETCLAIM_RESYNC_INTERVAL) is deprecated: use --verify-after and "
+                    "--verify-spread", extra={"resync_interval": resync_interval})
+        verify_after, verify_spread = resync_interval, 0.0
+    pool = workers + 4 + max_claim_windows  # each open claim window holds a connection
+    kube = Kube(api_client_for(kubeconfig, pool), metrics.record_api,
+                credentials=Credentials(kubeconfig, pool), count_purpose=metrics.record_purpose)
     settings = Settings(node_name=node_name, state_dir=state_dir, spool_dir=spool_dir, workers=workers,
-                        resolve_timeout=resolve_timeout, resync_interval=resync_interval,
+                        resolve_timeout=resolve_timeout, verify_after=verify_after, verify_spread=verify_spread,
+                        claim_window=claim_window, max_claim_windows=max_claim_windows,
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
                         driver_names=driver_names, unchained_grace=unchained_grace)
     try:

@@ -16,8 +16,9 @@ import random
 import re
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import apiclient, limits
 from .apiclient import ApiClient
@@ -28,6 +29,8 @@ REQUEST_TIMEOUT = (5.0, 20.0)
 # Events are a courtesy to kubectl users: a slow API must not hold the event
 # thread (and its queue) for the 20 s a status apply may take.
 EVENT_TIMEOUT = (2.0, 5.0)
+# A request made outside a Kube.purpose() block is counted under the purpose of its verb.
+DEFAULT_PURPOSE = {"apply": "apply", "event": "event", "get": "get", "list": "list", "watch": "watch"}
 
 
 def watch_seconds() -> int:
@@ -106,6 +109,21 @@ def classify(code: int, message: str) -> ApiError:
     if code == 429 or code >= 500 or code == 0:
         return TransientError(code, message)
     return PermanentError(code, message)
+
+
+_RV = re.compile(rb'"resourceVersion":"([^"]*)"')
+
+
+def resource_version(answer: bytes) -> str:
+    """metadata.resourceVersion of an object's JSON, without decoding the whole claim: the API
+    server writes metadata first, and no field before it holds that key."""
+    match = _RV.search(answer, 0, 4096)
+    if match:
+        return match.group(1).decode()
+    try:
+        return str(((json.loads(answer) or {}).get("metadata") or {}).get("resourceVersion", ""))
+    except (TypeError, ValueError, AttributeError):
+        return ""
 
 
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -214,8 +232,25 @@ class Kube:
     api_client: Any
     record: Callable[[str, str], None] = lambda verb, code: None
     credentials: Credentials | None = None
+    # Told the purpose of every request sent (publisher/metrics.py netclaim_api_requests_by_purpose_total).
+    count_purpose: Callable[[str], None] = lambda purpose: None
     _health: ApiHealth = field(default_factory=ApiHealth)
     _cred_lock: threading.Lock = field(default_factory=threading.Lock)
+    _context: threading.local = field(default_factory=threading.local)
+
+    @contextmanager
+    def purpose(self, name: str) -> Iterator[None]:
+        """Requests made inside are counted under `name` (resolve-watch, resolve-get, verify, ...):
+        what each part of the publisher costs the API server is then visible on its own."""
+        previous = getattr(self._context, "purpose", None)
+        self._context.purpose = name
+        try:
+            yield
+        finally:
+            self._context.purpose = previous
+
+    def _count(self, verb: str) -> None:
+        self.count_purpose(getattr(self._context, "purpose", None) or DEFAULT_PURPOSE.get(verb, verb))
 
     def health(self) -> ApiHealth:
         h = self._health
@@ -273,6 +308,7 @@ class Kube:
 
     def _request_once(self, verb: str, method: str, path: str, query: list[tuple[str, str]] | None,
                       body: Any, content_type: str, timeout: Any, stream: bool = False) -> Any:
+        self._count(verb)
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -302,10 +338,29 @@ class Kube:
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         return self._json("get", "GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
 
+    def watch_claim(self, namespace: str, name: str, timeout: int) -> Any:
+        """A watch of one claim by name that starts with the claim itself (raw urllib3 response).
+
+        With sendInitialEvents the server first sends the claim as it is now (ADDED, none
+        when it does not exist), then a BOOKMARK annotated k8s.io/initial-events-end: one
+        request both reads the claim, like a GET, and keeps following it
+        (publisher/claimwatch.py). RBAC authorizes it as a watch of that one name.
+        """
+        resp = self._request(
+            "watch", "GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
+            query=[("fieldSelector", f"metadata.name={name}"), ("watch", "true"), ("sendInitialEvents", "true"),
+                   ("resourceVersionMatch", "NotOlderThan"), ("allowWatchBookmarks", "true"),
+                   ("timeoutSeconds", str(timeout))],
+            timeout=(5.0, timeout + 30), stream=True)
+        return resp
+
     def apply_claim_status(
         self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str
-    ) -> None:
-        """Server-side apply of status.devices; force stays off (see docs/publisher.md)."""
+    ) -> str:
+        """Server-side apply of status.devices; force stays off (see docs/publisher.md).
+
+        Returns the resourceVersion of the answer: an open claim watch tells its own apply's
+        event from a later change by it (publisher/claimwatch.py)."""
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -316,7 +371,7 @@ class Kube:
             "apply", "PATCH", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status",
             query=[("fieldManager", field_manager), ("force", "false")], body=apply_body(body),
             content_type=APPLY_CONTENT_TYPE)
-        resp.read()  # the answer is the whole claim; nothing in it is needed
+        return resource_version(resp.read())
 
     def list_resource_slices(self, node: str, driver: str) -> dict[str, Any]:
         """This node's ResourceSlices of `driver` (only read when a device choice is ambiguous)."""

@@ -59,7 +59,18 @@ class Metrics:
         self.api_requests = Counter("netclaim_api_requests_total", "Kubernetes API requests", ["verb", "code"], registry=r)
         self.apply_skips = Counter("netclaim_apply_skips_total", "Applies skipped because the body equals the last applied one", registry=r)
         self.apply_errors = Counter("netclaim_apply_errors_total", "Permanent apply errors", ["code"], registry=r)
-        self.resyncs = Counter("netclaim_resyncs_total", "Resync passes", registry=r)
+        self.resyncs = Counter("netclaim_resyncs_total", "Times every tracked claim had been verified by the "
+                               "safety net (or a reconcile) since the last count", registry=r)
+        self.claims_verified = Counter("netclaim_claims_verified_total", "Claims the safety net compared with "
+                                       "the live cluster (one GET each)", registry=r)
+        self.drift_repaired = Counter(
+            "netclaim_drift_repaired_total", "Reconciles that wrote because the claim was not as desired, by what "
+            "found it (window, outcome, pod_deleted, safety_net)", ["cause"], registry=r)
+        self.api_purpose = Counter(
+            "netclaim_api_requests_by_purpose_total", "Kubernetes API requests sent, by purpose (resolve-watch, "
+            "resolve-get, apply, verify, reconcile, get, list, watch, event)", ["purpose"], registry=r)
+        self.claim_windows = Gauge("netclaim_claim_windows_open", "Claim watches open (resolving, or the window "
+                                   "after netclaim's apply)", registry=r)
         self.k8s_events = Counter(
             "netclaim_k8s_events_total", "Warning Events about permanent failures, by outcome "
             "(created, failed, deduplicated, dropped, disabled)", ["result"], registry=r)
@@ -132,6 +143,9 @@ class Metrics:
 
     def record_api(self, verb: str, code: str) -> None:
         self.api_requests.labels(verb, code).inc()
+
+    def record_purpose(self, purpose: str) -> None:
+        self.api_purpose.labels(purpose).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -202,8 +202,11 @@ class ClaimChanges:
 
 class Reconciler:
     def __init__(self, kube: Kube, journal: Journal, writer: Writer, pods: Any, node: str,
-                 reporter: Reporter, order: BootOrder | None = None) -> None:
+                 reporter: Reporter, order: BootOrder | None = None, windows: Any = None,
+                 verified: Callable[[str], None] = lambda key: None) -> None:
         self.kube = kube
+        self.windows = windows  # publisher/claimwatch.py ClaimWindows, told of every settled claim
+        self.verified = verified  # told when a claim was compared with the live cluster and settled
         self.journal = journal
         self.order = order or journal.ordering()
         self.changes = ClaimChanges()
@@ -234,7 +237,7 @@ class Reconciler:
         return self.pods.alive(att.pod_namespace, att.pod_name, att.pod_uid)
 
     def reconcile(self, ns: str, name: str, claim: dict[str, Any] | None = None,
-                  trigger: Event | None = None, copy_tick: int | None = None) -> bool:
+                  trigger: Event | None = None, copy_tick: int | None = None, purpose: str = "reconcile") -> bool:
         """Make the claim's status show the desired entries; True when an apply was sent.
 
         `claim` is a copy read earlier (by the resolver); it is used only when the
@@ -249,31 +252,41 @@ class Reconciler:
             self.changes.record([key])  # a copy read before this reconcile is now outdated
             if claim is None:
                 try:
-                    claim = self.kube.get_claim(ns, name)
+                    with self.kube.purpose(purpose):
+                        claim = self.kube.get_claim(ns, name)
                 except NotFound as exc:
                     self._gone(ns, name, exc.message, trigger)
+                    self.verified(key)
                     return False
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
             desired = plan(claim, atts, self.node, self._pod_alive, self.order)
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):
                 self.journal.clean(ns, name)
+                self.verified(key)
                 return False
+            if self.windows is not None:
+                self.windows.writing(key)
             try:
                 wrote = self.writer.apply(ns, name, desired.entries, server_devices(claim), record=False,
                                           owned=owned_keys(claim, self.writer.field_manager))
             except NotFound as exc:
                 self._gone(ns, name, exc.message, trigger)
+                self.verified(key)
                 return False
             except PermanentError as exc:
                 isolated = self._isolate(ns, name, claim, desired, exc, trigger)
                 if isolated is None:
                     self._rejected[key] = (body_hash(desired.entries), rv)
                     self._refused(key, desired, exc, trigger)
+                    self.verified(key)
                     return False
                 desired, wrote = isolated, True
             self._rejected.pop(key, None)
             self._commit(ns, name, desired, self.writer.last_digest(key) if wrote else None)
+            self.verified(key)
+            if self.windows is not None:
+                self.windows.settled(key, desired.entries, claim, self.writer.answered(key) if wrote else rv)
             devices = [f"{a.pool}/{a.device}" for a in desired.shown]
             self.report.claim_state(key, "published", "", devices)
             self.log.info("published" if wrote else "unchanged, apply skipped",

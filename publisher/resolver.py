@@ -241,10 +241,11 @@ def choose_device(
 class Resolver:
     """Pod -> claims -> allocated device, on the live API server."""
 
-    def __init__(self, kube: Kube, node_name: str, pods: Any = None) -> None:
+    def __init__(self, kube: Kube, node_name: str, pods: Any = None, claims: Any = None) -> None:
         self.kube = kube
         self.node_name = node_name
         self.pods = pods  # a PodCache, or None to always GET
+        self.claims = claims  # publisher/claimwatch.py ClaimWindows (a watch that stays open), or None to GET
 
     def _pod(self, event: Event) -> tuple[str, list[str]]:
         """(uid, claim names) of the event's pod: from the node's pod watch, else one GET.
@@ -331,10 +332,21 @@ class Resolver:
         ours: list[str],
     ) -> Target | None:
         try:
-            claim = self.kube.get_claim(namespace, name)
+            if self.claims is not None:
+                claim = self.claims.read(namespace, name)
+            else:
+                with self.kube.purpose("resolve-get"):
+                    claim = self.kube.get_claim(namespace, name)
         except NotFound:
             waiting.append(f"claim {namespace}/{name} is not visible")
             return None
+        target = self._target(namespace, name, claim, pod_uid, event, bound_for_claim, waiting, ours)
+        if target is None and self.claims is not None:
+            self.claims.unused(namespace, name)
+        return target
+
+    def _target(self, namespace: str, name: str, claim: dict[str, Any], pod_uid: str, event: Event,
+                bound_for_claim: Any, waiting: list[str], ours: list[str]) -> Target | None:
         status = claim.get("status") or {}
         if not status.get("allocation"):
             waiting.append(f"claim {namespace}/{name} is not allocated")

@@ -1,19 +1,23 @@
-"""Housekeeping: spool ingestion, retries of dirty claims, periodic resync, pruning.
+"""Housekeeping: spool ingestion, retries of dirty claims, the safety net, pruning.
 
-One thread. Every `spool_interval` it ingests the spool. Claims marked dirty
-(their last reconcile failed transiently) are retried when due, each with its
-own capped exponential backoff with jitter. Every `resync_interval` every
-tracked claim is reconciled against the live cluster (one GET per claim, an
-apply only when the status differs); a pass that fails backs off
-exponentially with jitter instead of retrying at once. After a successful
-pass, tombstones and GC fences nothing older can reach any more are dropped
-(journal.prune_order_marks) and so is the bookkeeping of claims no longer
-tracked.
+One thread. Every `spool_interval` it ingests the spool. Claims marked dirty are
+reconciled when due: at once when something says the claim may have drifted (a claim
+window saw a change, publisher/claimwatch.py; the pod watch saw an attached pod deleted),
+with capped exponential backoff and jitter when their last reconcile failed transiently
+(no answer, a lost answer, 429, 5xx: the server may or may not have applied, so the claim
+is read again and applied again). That is what repairs drift and lost applies, without any
+periodic pass.
+
+The safety net (publisher/safetynet.py) verifies each tracked claim once per
+`verify_after` + uniform[0, `verify_spread`] seconds (one GET, an apply only when the
+status differs), a few claims at a time. Pruning (old events, tombstones and GC fences
+nothing older can reach, the bookkeeping of claims no longer tracked) runs every
+PRUNE_INTERVAL on its own and costs no API request.
 
 Each of these steps fails on its own: a step that raises (a spool on a
 read-only disk, a journal that cannot be written) backs off by itself and is
 logged at its first failures only, while the other steps go on. The loop
-records a heartbeat after every iteration (and every claim of a long pass),
+records a heartbeat after every iteration (and every claim it reconciles),
 which liveness checks. All times here are node time (clock.node_seconds),
 except `last_resync`, which is shown to people.
 """
@@ -30,14 +34,18 @@ from .health import Health
 from .journal import Journal
 from .kube import TransientError
 from .reconciler import Reconciler
+from .safetynet import SafetyNet
 from .writer import Writer, backoff_delay
+
+PRUNE_INTERVAL = 60.0  # seconds between prune steps (no API request; bounded SQLite work)
 
 
 class Housekeeping:
     def __init__(self, journal: Journal, reconciler: Reconciler, writer: Writer, ingest: Callable[[], int],
                  forget_claims: Callable[[set[str]], None], metrics: Any, stopping: threading.Event,
-                 resync_interval: float, spool_interval: float, retry_base: float, retry_cap: float,
-                 last_ingest: Callable[[], float], health: Health | None = None) -> None:
+                 safety: SafetyNet, spool_interval: float, retry_base: float, retry_cap: float,
+                 last_ingest: Callable[[], float], health: Health | None = None,
+                 windows: Any = None) -> None:
         self.journal = journal
         self.reconciler = reconciler
         self.writer = writer
@@ -45,7 +53,8 @@ class Housekeeping:
         self.forget_claims = forget_claims
         self.metrics = metrics
         self.stopping = stopping
-        self.resync_interval = resync_interval
+        self.safety = safety
+        self.windows = windows  # publisher/claimwatch.py: swept here, so expired windows close
         self.spool_interval = spool_interval
         self.retry_base = retry_base
         self.retry_cap = retry_cap
@@ -53,12 +62,17 @@ class Housekeeping:
         self.health = health or Health()
         self.log = logs.get()
         self.wake = threading.Event()
-        self.last_resync = 0.0  # end of the last complete resync pass (wall time, for status)
-        self.resync_failures = 0
-        self.next_resync = 0.0  # node time
+        self.last_resync = 0.0  # every tracked claim was verified since (wall time, for status)
+        self.resync_failures = 0  # consecutive safety-net verifications that failed transiently
+        self.next_prune = 0.0  # node time
         self.steps: dict[str, StepState] = {}
         self._recovered = False  # the start-up retry of every dirty claim runs once per process
-        self.requested = 0  # resyncs asked for (`netclaim-publisher resync`), done when last_resync moves
+        self._resync_requested = threading.Event()  # `netclaim-publisher resync`: every claim due now
+        # claim -> why it was marked dirty without a failure (window, pod_deleted): the cause a
+        # repair it leads to is counted under (netclaim_drift_repaired_total).
+        self._causes: dict[str, str] = {}
+        self._deleted_pods: set[str] = set()  # UIDs the pod watch saw deleted, not looked up yet
+        self._guard = threading.Lock()
 
     def claim_retry(self, ns: str, name: str, exc: Exception) -> None:
         """A reconcile failed transiently: keep the claim dirty and retry it with backoff."""
@@ -71,16 +85,29 @@ class Housekeeping:
         self.wake.set()
 
     def request_resync(self) -> None:
-        self.next_resync = 0.0
+        self._resync_requested.set()
         self.wake.set()
+
+    def drifted(self, ns: str, name: str, why: str) -> None:
+        """A claim window saw a change under netclaim's entries: reconcile the claim at once.
+        Called from a window's thread: one journal write, then the loop does the work."""
+        with self._guard:
+            self._causes[f"{ns}/{name}"] = "window"
+        self.journal.finish(None, "", "", dirty=[(ns, name)])
+        self.wake.set()
+
+    def pod_seen(self, pod: Any, namespace: str, name: str, uid: str) -> None:
+        """Pod watch observer (O(1), never blocks): a deleted pod's claims are looked up by the loop."""
+        if pod is None and uid:
+            with self._guard:
+                self._deleted_pods.add(uid)
+            self.wake.set()
 
     def run(self) -> None:
         """The loop; only a bug outside the steps escapes to the supervisor (publisher/service.py)."""
         if not self._recovered:  # start-up: claims a crash left half-done (not again after a thread restart)
             self._recovered = True
             self._step("retries", lambda: self.retry_dirty(everything=True))
-        if not self.next_resync:
-            self.next_resync = node_seconds() + self.resync_interval
         while not self.stopping.is_set():
             self.health.beat("housekeeping")
             self.wake.wait(self._sleep())
@@ -89,9 +116,14 @@ class Housekeeping:
                 return
             self._step("spool", self.ingest)
             self._step("checkpoint", self.journal.checkpoint)  # bounds the WAL; its fsyncs block no commit
+            self._step("pods", self.deleted_pods)
             self._step("retries", self.retry_dirty)
-            if node_seconds() >= self.next_resync:
-                self._step("resync", self.resync)
+            self._step("resync", self.verify_due)
+            if node_seconds() >= self.next_prune:
+                self.next_prune = node_seconds() + PRUNE_INTERVAL
+                self._step("prune", self._prune)
+            if self.windows is not None:
+                self.windows.sweep()
             self._probe_journal()
 
     def _probe_journal(self) -> None:
@@ -126,53 +158,90 @@ class Housekeeping:
 
     def _sleep(self) -> float:
         now = node_seconds()
-        due = [self.spool_interval, self.next_resync - now]
+        due = [self.spool_interval, self.next_prune - now]
         try:
             dirty = self.journal.next_dirty()
         except Exception:  # noqa: BLE001 - the retries step reports the journal's trouble
             dirty = None
-        if dirty is not None:
-            due.append(dirty - now)
+        verify = self.safety.next_due()
+        if verify is not None:  # not before the step's own backoff ends
+            verify = max(verify, self.steps.get("resync", StepState()).next_try)
+        for when in (dirty, verify, self.windows.next_deadline() if self.windows else None):
+            if when is not None:
+                due.append(when - now)
         return max(0.05, min(due))
 
     def retry_dirty(self, everything: bool = False) -> None:
         for ns, name, _ in self.journal.dirty_claims(None if everything else node_seconds()):
             if self.stopping.is_set():
                 return
+            key = f"{ns}/{name}"
             try:
-                self.reconciler.reconcile(ns, name)
+                wrote = self.reconciler.reconcile(ns, name)
             except TransientError as exc:
                 self.claim_retry(ns, name, exc)
-            self.health.beat("housekeeping")
-
-    def resync(self) -> None:
-        """Reconcile every tracked claim; on a transient error back off the whole pass."""
-        self.metrics.resyncs.inc()
-        started = node_seconds()
-        try:
-            for ns, name in self.journal.claims():
-                if self.stopping.is_set():
-                    return
-                self.reconciler.reconcile(ns, name)
+                continue
+            finally:
                 self.health.beat("housekeeping")
-        except TransientError as exc:
-            self.resync_failures += 1
-            delay = backoff_delay(self.resync_failures, max(1.0, self.retry_base),
-                                  max(self.resync_interval, self.retry_base))
-            self.next_resync = node_seconds() + delay
-            self.log.warning("resync failed, backing off", extra={"error": str(exc), "retry_in": round(delay, 3),
-                                                                 "failures": self.resync_failures})
-            return
-        self.resync_failures = 0
-        self.last_resync = wall()
-        self.next_resync = node_seconds() + self.resync_interval
-        self._step("prune", lambda: self._prune(started))
+            with self._guard:
+                cause = self._causes.pop(key, "outcome")
+            if wrote:
+                self.metrics.drift_repaired.labels(cause).inc()
 
-    def _prune(self, started: float) -> None:
-        """After a complete pass: old finished events, order marks nothing older can reach, and
-        the bookkeeping of claims no longer tracked."""
+    def deleted_pods(self) -> None:
+        """Claims of attachments whose pod the watch saw deleted: reconcile them (the pod is gone,
+        its entries go) instead of waiting for a DEL that may never come."""
+        with self._guard:
+            uids, self._deleted_pods = self._deleted_pods, set()
+        if not uids:
+            return
+        claims = sorted({(a.claim_namespace, a.claim_name) for a in self.journal.all_attachments()
+                         if a.pod_uid in uids})
+        if claims:
+            with self._guard:
+                for ns, name in claims:
+                    self._causes.setdefault(f"{ns}/{name}", "pod_deleted")
+            self.journal.finish(None, "", "", dirty=claims)
+
+    def verify_due(self) -> None:
+        """The safety net: verify the claims whose due time came, a few per iteration."""
+        tracked = [f"{ns}/{name}" for ns, name in self.journal.claims()]
+        self.safety.track(tracked)
+        if self._resync_requested.is_set():
+            self._resync_requested.clear()
+            self.safety.request_all()
+        dirty = {f"{ns}/{name}" for ns, name, _ in self.journal.dirty_claims()} if self.journal.dirty_count() else set()
+        for key in self.safety.due(node_seconds()):
+            if self.stopping.is_set():
+                return
+            if key in dirty:  # being retried already; verified when that reconcile succeeds
+                self.safety.postpone(key)
+                continue
+            ns, _, name = key.partition("/")
+            self.metrics.claims_verified.inc()
+            try:
+                wrote = self.reconciler.reconcile(ns, name, purpose="verify")
+            except TransientError:
+                # The claim stays due; the whole step backs off (1 s doubling to a minute):
+                # an unreachable API costs one GET per backoff, not one per claim.
+                self.resync_failures += 1
+                raise
+            finally:
+                self.health.beat("housekeeping")
+            self.resync_failures = 0
+            if wrote:
+                self.metrics.drift_repaired.labels("safety_net").inc()
+        oldest = self.safety.oldest_verified() if tracked else wall()
+        if oldest and oldest > self.last_resync:
+            if tracked:
+                self.metrics.resyncs.inc()
+            self.last_resync = oldest
+
+    def _prune(self) -> None:
+        """Old finished events, order marks nothing older can reach, and the bookkeeping of
+        claims no longer tracked."""
         self.journal.prune()
-        cutoff = min(started, self.last_ingest()) - limits.ORDER_HORIZON
+        cutoff = min(node_seconds(), self.last_ingest()) - limits.ORDER_HORIZON
         self.journal.prune_order_marks(cutoff)
         active = {f"{ns}/{name}" for ns, name in self.journal.claims()}
         self.writer.forget_inactive(active)

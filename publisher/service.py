@@ -3,7 +3,8 @@
     socket / spool ─▶ intake (publisher/intake.py) ─▶ journal (publisher/journal.py)
     journal ─▶ workers ─▶ per-verb rules (publisher/rules.py) ─▶ reconciler (publisher/reconciler.py,
     the only writer) ─▶ server-side apply (publisher/writer.py)
-    housekeeping (publisher/resync.py): spool ingestion, dirty-claim retries, resync, pruning
+    claim windows (publisher/claimwatch.py): resolve by a watch that stays open after the apply
+    housekeeping (publisher/resync.py): spool ingestion, dirty-claim retries, safety net, pruning
     report (publisher/report.py): status, last error, Warning Events
 
 Workers are sharded by containerID, so the events of one attachment are
@@ -27,6 +28,7 @@ from cni_plugin.wire import Event
 
 from . import limits, logs
 from .clock import node_seconds
+from .claimwatch import ClaimWindows
 from .events import EventRecorder
 from .health import Health
 from .intake import Intake
@@ -38,6 +40,7 @@ from .reconciler import Reconciler
 from .report import Reporter, event_fields
 from .resolver import Resolver
 from .resync import Housekeeping
+from .safetynet import SafetyNet
 from .rules import RuleSettings, Rules, result_hash  # noqa: F401  (result_hash: used by tools/tests)
 from .unchained import UnchainedPods
 from .writer import Writer
@@ -50,7 +53,10 @@ class Settings:
     spool_dir: str
     workers: int = 4
     resolve_timeout: float = 120.0
-    resync_interval: float = 300.0
+    verify_after: float = 86400.0  # safety net: each claim verified after this + uniform[0, spread] s
+    verify_spread: float = 43200.0
+    claim_window: float = 90.0  # seconds a claim stays watched after netclaim's apply (0: no watch)
+    max_claim_windows: int = 32
     spool_interval: float = 5.0
     retry_base: float = 0.2
     retry_cap: float = 5.0
@@ -77,18 +83,24 @@ class Service:
         self.unchained = UnchainedPods(kube, settings.driver_names, self.events.warn, self._attached_pods,
                                        self.journal.oldest_received, metrics, settings.unchained_grace)
         self.pods.observers.append(self.unchained.observe)
-        self.resolver = Resolver(kube, settings.node_name, self.pods)
         self.writer = Writer(kube, settings.node_name, self.stopping, metrics.apply_skips.inc,
                              settings.retry_base, settings.retry_cap,
                              applied=self.journal.applied_hashes(), remember=self.journal.set_applied)
-        self.reconciler = Reconciler(kube, self.journal, self.writer, self.pods, settings.node_name, self.report)
+        self.safety = SafetyNet(settings.verify_after, settings.verify_spread)
+        self.windows = ClaimWindows(kube, self.writer.field_manager, self._drifted, self.stopping,
+                                    settings.claim_window, settings.max_claim_windows,
+                                    on_gauge=metrics.claim_windows.set)
+        self.resolver = Resolver(kube, settings.node_name, self.pods, self.windows)
+        self.reconciler = Reconciler(kube, self.journal, self.writer, self.pods, settings.node_name, self.report,
+                                     windows=self.windows, verified=self.safety.verified)
         self._wake = [threading.Event() for _ in range(settings.workers)]
         self.intake = Intake(self.journal, settings.spool_dir, settings.node_name, self.report, self._notify,
                              self.health)
         self.housekeeping = Housekeeping(
             self.journal, self.reconciler, self.writer, self.intake.ingest_spool, self.report.forget_claims,
-            metrics, self.stopping, settings.resync_interval, settings.spool_interval, settings.retry_base,
-            settings.retry_cap, lambda: self.intake.last_ingest, self.health)
+            metrics, self.stopping, self.safety, settings.spool_interval, settings.retry_base,
+            settings.retry_cap, lambda: self.intake.last_ingest, self.health, self.windows)
+        self.pods.observers.append(self.housekeeping.pod_seen)
         self.rules = Rules(self.journal, self.resolver, self.reconciler, self.report,
                            RuleSettings(settings.resolve_timeout, settings.retry_cap), self.housekeeping.claim_retry)
         self._threads: list[threading.Thread] = []
@@ -97,6 +109,9 @@ class Service:
         metrics.ready.set_function(lambda: 1.0 if self.ready()[0] else 0.0)
         metrics.credential_reloads.set_function(lambda: float(self.kube.health().reloads))
         metrics.unauthorized.set_function(lambda: float(self.kube.health().unauthorized))
+
+    def _drifted(self, ns: str, name: str, why: str) -> None:
+        self.housekeeping.drifted(ns, name, why)
 
     # ------------------------------------------------------------ intake (the socket server calls these)
 
@@ -162,6 +177,7 @@ class Service:
 
     def stop(self, timeout: float = 5.0) -> None:
         self.stopping.set()
+        self.windows.close_all()
         self.housekeeping.wake.set()
         for w in self._wake:
             w.set()

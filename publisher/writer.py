@@ -61,6 +61,7 @@ class Writer:
         # lock is only forgotten when nobody can still be using it.
         self._locks: dict[str, list[Any]] = {}
         self._guard = threading.Lock()
+        self._answered: dict[str, str] = {}  # claim -> resourceVersion of its last apply's answer
 
     @contextmanager
     def claim_lock(self, claim_key: str) -> Iterator[None]:
@@ -86,6 +87,8 @@ class Writer:
         with self._guard:
             for key in [k for k, (_, users) in self._locks.items() if k not in active and users == 0]:
                 del self._locks[key]
+            for key in [k for k in self._answered if k not in active]:
+                del self._answered[key]
             for key in [k for k in self._last if k not in active]:
                 del self._last[key]
                 dropped.append(key)
@@ -126,15 +129,22 @@ class Writer:
             self.on_skip()
             return False
         try:
-            self.kube.apply_claim_status(namespace, name, entries, self.field_manager)
+            with self.kube.purpose("apply"):
+                answered = self.kube.apply_claim_status(namespace, name, entries, self.field_manager)
         except Exception:
             self.invalidate(key)
             raise
         with self._guard:
             self._last[key] = digest
+            self._answered[key] = answered or ""
         if record:
             self.remember(key, digest)
         return True
+
+    def answered(self, claim_key: str) -> str:
+        """The resourceVersion the API server gave the claim in its answer to our last apply."""
+        with self._guard:
+            return self._answered.get(claim_key, "")
 
     def last_digest(self, claim_key: str) -> str | None:
         with self._guard:

@@ -7,6 +7,12 @@ the server closes it; watches stream through). While `lose` is set, a PATCH of a
 `/status` subresource is forwarded, the API server's full answer is read and thrown
 away, and the client's connection is reset: the server applied the change, the
 client saw a connection reset. That is an apply lost in flight, for real.
+
+While `hold` is set, the next status PATCH is not forwarded yet: the client's
+connection is reset at once and the request is kept until `release()` sends it
+to the API server: an apply whose answer was lost and that lands late, after
+the client has already retried (a request stuck in a slow server or an
+intermediary).
 """
 
 from __future__ import annotations
@@ -35,9 +41,12 @@ class LossyApiProxy:
         self.server_ctx.load_cert_chain(self.cert, key)
         self.client_ctx = ssl.create_default_context(cafile=upstream_ca)
         self.lose = threading.Event()
+        self.hold = threading.Event()
+        self.held: list[bytes] = []
         self.lost = 0
         self.patches = 0
         self._lock = threading.Lock()
+        self._live: set[socket.socket] = set()  # upstream connections being relayed (watches stay open)
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -58,6 +67,13 @@ class LossyApiProxy:
         except OSError:
             pass
         self._listener.close()
+        with self._lock:
+            live = list(self._live)
+        for up in live:  # a watch relayed for a publisher already gone must not outlive the test
+            try:
+                up.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _accept(self) -> None:
         while True:
@@ -78,11 +94,22 @@ class LossyApiProxy:
             if head is None:
                 return
             method, path = head.split(b" ", 2)[:2]
-            lose = method == b"PATCH" and b"/status" in path.split(b"?")[0] and self._count_patch()
+            status_patch = method == b"PATCH" and b"/status" in path.split(b"?")[0]
+            if status_patch and self._take_hold():
+                self.held.append(_closing(head) + body)
+                _reset(conn)
+                return
+            lose = status_patch and self._count_patch()
             with socket.create_connection(self.upstream, timeout=30) as up_raw:
-                with self.client_ctx.wrap_socket(up_raw, server_hostname=self.upstream[0]) as up:
-                    up.sendall(_closing(head) + body)
-                    self._relay(up, None if lose else conn)
+                with self._lock:
+                    self._live.add(up_raw)
+                try:
+                    with self.client_ctx.wrap_socket(up_raw, server_hostname=self.upstream[0]) as up:
+                        up.sendall(_closing(head) + body)
+                        self._relay(up, None if lose else conn)
+                finally:
+                    with self._lock:
+                        self._live.discard(up_raw)
             if lose:
                 with self._lock:
                     self.lost += 1
@@ -91,6 +118,31 @@ class LossyApiProxy:
             pass
         finally:
             conn.close()
+
+    def _take_hold(self) -> bool:
+        with self._lock:
+            if not self.hold.is_set():
+                return False
+            self.hold.clear()
+            return True
+
+    def release(self) -> list[int]:
+        """Send the held requests to the API server now; their HTTP status codes."""
+        codes = []
+        while self.held:
+            request = self.held.pop(0)
+            with socket.create_connection(self.upstream, timeout=30) as up_raw:
+                with self.client_ctx.wrap_socket(up_raw, server_hostname=self.upstream[0]) as up:
+                    up.sendall(request)
+                    answer = b""
+                    while b"\r\n" not in answer:
+                        data = up.recv(65536)
+                        if not data:
+                            break
+                        answer += data
+                    codes.append(int(answer.split(b" ", 2)[1]) if answer else 0)
+                    self._relay(up, None)
+        return codes
 
     def _count_patch(self) -> bool:
         with self._lock:
