@@ -30,8 +30,9 @@ from the publishers: their own request counters, RSS and CPU (/proc).
 Everything is bounded: a phase that does not finish within its deadline fails
 the run with what was missing. Loopback only.
 
---tracked-idle S (with a short --resync-interval) adds an idle window while the
-ADDed claims are tracked: what the periodic resync costs per claim and pass.
+--tracked-idle S adds, at the largest N, an idle window while its ADDed claims
+are tracked (their claim windows closed): what netclaim costs at rest per
+tracked claim, from the API server's own request counts.
 --apf adds kubelet-like and other-workload latencies under a flood of publisher
 applies, without and with the shipped APF objects, on a second control plane
 with lowered concurrency (tests/deploy/test_apf.py asserts the behaviour).
@@ -76,11 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="publisher --workers")
     parser.add_argument("--start-batch", type=int, default=5, help="publishers started at once")
     parser.add_argument("--plot", default="", help="also write a PNG of cost against N here")
-    parser.add_argument("--resync-interval", type=float, default=300.0,
-                        help="publisher --resync-interval (default: the publisher's default)")
+    parser.add_argument("--publisher-arg", action="append", default=[],
+                        help="an extra flag for every publisher (repeatable, e.g. --publisher-arg=--verify-after=600)")
     parser.add_argument("--tracked-idle", type=float, default=0.0,
-                        help="also measure this many idle seconds while the ADDed claims are tracked (to see "
-                             "the resync cost, with a --resync-interval shorter than this)")
+                        help="at the largest N, also measure this many idle seconds while its ADDed claims are "
+                             "tracked: what netclaim costs at rest per tracked claim (claim windows closed, the "
+                             "safety net's share included when it falls in the window)")
     parser.add_argument("--apf", action="store_true",
                         help="also: kubelet-like latency under a publisher flood, with and without the shipped "
                              "APF objects (on a second control plane with lowered concurrency limits)")
@@ -158,14 +160,14 @@ class Publisher:
     def socket(self) -> str:
         return str(self.dir / "run" / "p.sock")
 
-    def start(self, kubeconfig: str, workers: int, resync: float) -> None:
+    def start(self, kubeconfig: str, workers: int, extra: list[str]) -> None:
         self.port = _free_port()
         with open(self.dir / "publisher.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [str(BIN / "netclaim-publisher"), "run", "--node-name", self.node, "--kubeconfig", kubeconfig,
                  "--socket", self.socket, "--state-dir", str(self.dir / "state"),
                  "--spool-dir", str(self.dir / "spool"), "--metrics-address", f"127.0.0.1:{self.port}",
-                 "--workers", str(workers), "--resync-interval", str(resync), "--log-level", "warning"],
+                 "--workers", str(workers), "--log-level", "warning", *extra],
                 stdout=log, stderr=log, start_new_session=True)
 
     def ready(self) -> bool:
@@ -216,6 +218,7 @@ class Scale:
     publishers: dict[str, Publisher] = field(default_factory=dict)
     pod_count: int = 0
     baseline_watches: float = 0.0  # the API server's own informers, open before any publisher
+    claim_watches_before: float = 0.0  # claim watches open before a point's ADDs (the bench's own are closed)
 
     def setup(self) -> None:
         from kubernetes import client
@@ -240,7 +243,7 @@ class Scale:
                 kubeconfig = write_kubeconfig(pdir / "kubeconfig", self.cp.handle.server, self.cp.handle.ca_file,
                                               node_token(self.cp.api, ensure_node(self.cp.api, node)))
                 pub = Publisher(node, pdir)
-                pub.start(kubeconfig, self.args.workers, self.args.resync_interval)
+                pub.start(kubeconfig, self.args.workers, self.args.publisher_arg)
                 self.publishers[node] = pub
                 batch.append(pub)
             _until(lambda: all(p.ready() for p in batch), 120, f"publishers {[p.node for p in batch]} ready")
@@ -332,7 +335,7 @@ def _until(ok: Any, timeout: float, what: str) -> None:
 # ------------------------------------------------------------------ one point
 
 
-def measure_point(bench: Scale, n: int) -> dict[str, Any]:
+def measure_point(bench: Scale, n: int, last: bool = True) -> dict[str, Any]:
     cp = bench.cp
     _progress(f"N={n}: starting publishers")
     start_s = bench.grow(n)
@@ -342,6 +345,7 @@ def measure_point(bench: Scale, n: int) -> dict[str, Any]:
     s1 = cp.snapshot(bench.publishers)
     idle = Delta.between(s0, s1)
     watches = cp.watches()
+    bench.claim_watches_before = watches.get("resourceclaims", 0.0)
     _progress(f"N={n}: creating {n * bench.args.pods_per_node} pods with allocated claims")
     specs = bench.create_pods()
     s2 = cp.snapshot(bench.publishers)
@@ -360,10 +364,14 @@ def measure_point(bench: Scale, n: int) -> dict[str, Any]:
     if missing:
         raise RuntimeError(f"N={n}: {len(missing)} claims never showed their entry, e.g. {missing[:5]}")
     _until(bench.drained, PHASE_TIMEOUT, "journals to drain after the ADDs")
+    # Each ADD's claim watch stays open for the publisher's claim window after its apply, and the
+    # API server counts a WATCH when it ends: the ADD phase ends when the last window has closed.
+    _until(lambda: cp.watches().get("resourceclaims", 0.0) <= bench.claim_watches_before, PHASE_TIMEOUT,
+           "the claim windows of the ADDs to close")
     s4 = cp.snapshot(bench.publishers)
     add = Delta.between(s3, s4)
     add.requests["WATCH resourceclaims"] = add.requests.get("WATCH resourceclaims", 0) - 1  # the bench's own
-    tracked = _tracked_idle(bench, idle, len(specs)) if bench.args.tracked_idle > 0 else {}
+    tracked = _tracked_idle(bench, idle, len(specs)) if bench.args.tracked_idle > 0 and last else {}
     rest = bench.args.lifetime - (time.time() - min(acked.values()))
     if rest > 0:
         time.sleep(rest)
@@ -400,16 +408,24 @@ def measure_point(bench: Scale, n: int) -> dict[str, Any]:
 
 
 def _tracked_idle(bench: Scale, idle: Delta, claims: int) -> dict[str, Any]:
-    """Idle seconds with `claims` tracked: what the periodic resync costs, per claim and pass."""
+    """Idle seconds with `claims` tracked, their claim windows closed: what tracking costs at rest.
+
+    Net of the same publishers' idle rate before their claims existed (the pod watches' renewals, the
+    API server's own lease updates), so what remains is what grows with the number of claims."""
+    _progress(f"at rest for {bench.args.tracked_idle:.0f}s with {claims} claims tracked")
     a = bench.cp.snapshot(bench.publishers)
     time.sleep(bench.args.tracked_idle)
     b = bench.cp.snapshot(bench.publishers)
     d = Delta.between(a, b)
     extra = {k: v - idle.requests.get(k, 0.0) * d.seconds / idle.seconds for k, v in d.requests.items()}
-    passes = d.seconds / bench.args.resync_interval
-    return {"seconds": round(d.seconds, 1), "claims": claims, "resync_interval": bench.args.resync_interval,
-            "requests": {k: round(v, 1) for k, v in extra.items() if v > 0.5},
-            "requests_per_claim_per_resync": round(sum(extra.values()) / claims / passes, 2)}
+    claim_requests = sum(v for k, v in d.requests.items() if "resourceclaims" in k)
+    return {"seconds": round(d.seconds, 1), "claims": claims,
+            "requests": {k: int(v) for k, v in sorted(d.requests.items()) if v},
+            "requests_net_of_idle": {k: round(v, 1) for k, v in extra.items() if abs(v) > 0.5},
+            "claim_requests": int(claim_requests),
+            "claim_requests_per_s_per_1000_claims": round(claim_requests / d.seconds / claims * 1000, 4),
+            "all_requests_per_s": round(sum(d.requests.values()) / d.seconds, 3),
+            "publisher_requests": int(d.publisher_requests)}
 
 
 @dataclass
@@ -448,7 +464,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         apf = {}
     figures = {"points": points, "error": error, "cpus": os.cpu_count(), "apf": apf,
                "options": {k: getattr(args, k) for k in ("nodes", "pods_per_node", "rate", "lifetime", "idle",
-                                                        "workers", "resync_interval", "tracked_idle")},
+                                                        "workers", "publisher_arg", "tracked_idle")},
                "growth": growth(points),
                "extrapolation": {"assumptions": Cluster().__dict__,
                                  "figures": extrapolate(points[-1]) if points else {}}}
@@ -468,7 +484,7 @@ def measure_points(args: argparse.Namespace, levels: list[int]) -> tuple[list[di
         bench.setup()
         for n in levels:
             try:
-                points.append(measure_point(bench, n))
+                points.append(measure_point(bench, n, last=n == levels[-1]))
             except (RuntimeError, OSError, MemoryError) as exc:
                 error = f"N={n}: {type(exc).__name__}: {exc}"
                 _progress(f"stopped: {error}")

@@ -55,6 +55,16 @@ def markdown(f: dict[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(str(get(p)) for p in pts) + " |")
     if f.get("error"):
         lines.append(f"\nstopped early: {f['error']}")
+    rest = next((p["tracked_idle"] for p in reversed(pts) if p.get("tracked_idle")), None)
+    if rest:
+        lines += ["", f"At rest at N={pts[-1]['nodes']}, {rest['claims']} claims tracked, for {rest['seconds']:.0f} s:", "",
+                  "| figure | value |", "|---|---:|",
+                  f"| requests about claims | {rest['claim_requests']} |",
+                  f"| requests about claims per second per 1,000 tracked claims | "
+                  f"{rest['claim_requests_per_s_per_1000_claims']} |",
+                  f"| all requests per second (every publisher, and the API server's own) | {rest['all_requests_per_s']} |",
+                  f"| requests counted by the publishers themselves | {rest['publisher_requests']} |"]
+        lines += [f"| {k} | {v} |" for k, v in rest["requests"].items()]
     if f.get("extrapolation", {}).get("figures"):
         lines.append("")
         lines.append("| extrapolated (largest N's per-event costs) | value |")
