@@ -135,10 +135,11 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               show_default=True, type=click.FloatRange(0, None),
               help="Random extra seconds (uniform) added to each claim's --verify-after, so the reads are spread "
                    "evenly over time and nodes.")
-@click.option("--claim-window", envvar="NETCLAIM_CLAIM_WINDOW", show_envvar=True, default=90.0,
+@click.option("--claim-window", envvar="NETCLAIM_CLAIM_WINDOW", show_envvar=True, default=0.0,
               show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds a claim stays watched after netclaim's apply: a change that drops or alters its "
-                   "entries is repaired at once (0: claims are read with GET and not watched).")
+                   "entries is repaired at once. Off by default (0: claims are read with GET and not watched): "
+                   "a windowed watch costs the API server about 3x the CPU of a GET per ADD (docs/scale.md).")
 @click.option("--max-claim-windows", envvar="NETCLAIM_MAX_CLAIM_WINDOWS", show_envvar=True, default=32,
               show_default=True, type=click.IntRange(0, 1024),
               help="Claim watches open at once at most (a thread and a connection each); beyond, a claim is "
@@ -190,7 +191,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         log.warning("--resync-interval (NETCLAIM_RESYNC_INTERVAL) is deprecated: use --verify-after and "
                     "--verify-spread", extra={"resync_interval": resync_interval})
         verify_after, verify_spread = resync_interval, 0.0
-    pool = workers + 4 + max_claim_windows  # each open claim window holds a connection
+    pool = workers + 4 + (max_claim_windows if claim_window > 0 else 0)  # an open claim window holds a connection
     kube = Kube(api_client_for(kubeconfig, pool), metrics.record_api,
                 credentials=Credentials(kubeconfig, pool), count_purpose=metrics.record_purpose)
     settings = Settings(node_name=node_name, state_dir=state_dir, spool_dir=spool_dir, workers=workers,

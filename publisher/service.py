@@ -55,7 +55,7 @@ class Settings:
     resolve_timeout: float = 120.0
     verify_after: float = 86400.0  # safety net: each claim verified after this + uniform[0, spread] s
     verify_spread: float = 43200.0
-    claim_window: float = 90.0  # seconds a claim stays watched after netclaim's apply (0: no watch)
+    claim_window: float = 0.0  # seconds a claim stays watched after netclaim's apply (0, the default: no watch)
     max_claim_windows: int = 32
     spool_interval: float = 5.0
     retry_base: float = 0.2

@@ -26,6 +26,7 @@ from publisher_testkit import DRIVER, Cluster, cni_result, drained, request, suf
 pytestmark = pytest.mark.controlplane
 
 REPAIR_WITHIN = 30.0  # seconds: far below the 300 s after which the old resync first looked
+WINDOW = ["--claim-window", "90"]  # claim windows are opt-in (their API server cost: docs/scale.md)
 
 
 def entries(devices: list[dict]) -> set[str]:
@@ -54,7 +55,7 @@ def test_apply_that_lands_after_the_retry_is_repaired_by_the_window(cluster: Clu
     entries differ from the desired ones and applies again."""
     via_proxy = dataclasses.replace(control_plane, server=proxy.url, ca_file=proxy.cert)
     kubeconfig = via_proxy.kubeconfig_for_token(control_plane.token("admin"), workdir / "proxy.kubeconfig")
-    publisher = publisher_factory(kubeconfig=kubeconfig)
+    publisher = publisher_factory(kubeconfig=kubeconfig, extra=WINDOW)
     claim, uid = cluster.pod_with_claim("late", [("nic", "nic0"), ("nic2", "nic1")])
     pod = PodRef(cluster.namespace, "late", uid)
     cid = "c" + suffix()
@@ -75,9 +76,10 @@ def test_apply_that_lands_after_the_retry_is_repaired_by_the_window(cluster: Clu
     assert publisher.metric('netclaim_drift_repaired_total{cause="window"}') >= 1
 
 
-def test_driver_update_that_drops_our_entry_inside_the_window_is_repaired(cluster: Cluster, publisher):
+def test_driver_update_that_drops_our_entry_inside_the_window_is_repaired(cluster: Cluster, publisher_factory):
     """(b) A driver's read-modify-write UpdateStatus (another field manager) that rewrites
     status.devices without netclaim's entry, right after pod start: repaired at once."""
+    publisher = publisher_factory(extra=WINDOW)
     claim, uid = cluster.pod_with_claim("rmw", [("nic", "nic0")])
     pod = PodRef(cluster.namespace, "rmw", uid)
     send(publisher.socket, wire_event("ADD", "c" + suffix(), pod, cni_result()))
@@ -101,9 +103,10 @@ def test_driver_update_that_drops_our_entry_inside_the_window_is_repaired(cluste
     assert after["verify"] == 0, after
 
 
-def test_claim_missing_at_resolve_waits_then_publishes(cluster: Cluster, publisher):
+def test_claim_missing_at_resolve_waits_then_publishes(cluster: Cluster, publisher_factory):
     """(c) The watch answers with the bookmark alone (no such claim yet): the ADD waits, as
     with a GET's 404, and publishes once the claim exists and is allocated."""
+    publisher = publisher_factory(extra=WINDOW)
     uid = cluster.pod("early", ["early-net"])
     pod = PodRef(cluster.namespace, "early", uid)
     send(publisher.socket, wire_event("ADD", "c" + suffix(), pod, cni_result()))
