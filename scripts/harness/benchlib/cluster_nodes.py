@@ -13,7 +13,10 @@ netclaim, the node's publisher applying the status), and to the pod Ready.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import statistics
+import subprocess
 import time
 from typing import Any
 
@@ -27,6 +30,55 @@ from runtime.realcluster import RealCluster, pod_manifest, wait_until
 from .stats import percentile
 
 TARGET_S = 1.5
+REST_S = 120.0  # the at-rest window after the pods: what each node's netclaim costs while nothing changes
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _publishers() -> dict[int, str]:
+    """pid -> node name of every `netclaim-publisher run` on this host (one per node's DaemonSet pod;
+    the kubelet expands the chart's `--node-name=$(NETCLAIM_NODE_NAME)`)."""
+    out = subprocess.run(["pgrep", "-af", "netclaim-publisher run"], capture_output=True, text=True).stdout
+    found = {}
+    for line in out.splitlines():
+        pid, _, cmd = line.partition(" ")
+        node = re.search(r"--node-name[ =](\S+)", cmd)
+        if node:
+            found[int(pid)] = node.group(1)
+    return found
+
+
+def _usage(pid: int) -> tuple[float, float]:
+    """(CPU seconds, RSS MiB) of one process."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/status") as fh:
+        rss = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK, rss / 1024
+
+
+def _apiserver_requests(api: client.ApiClient) -> float:
+    """kube-apiserver's own count of every request it answered (its /metrics)."""
+    resp = api.call_api(*api.param_serialize(method="GET", resource_path="/metrics", auth_settings=["BearerToken"]))
+    resp.read()
+    text = resp.data.decode()
+    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith("apiserver_request_total{"))
+
+
+def at_rest(api: client.ApiClient, seconds: float, progress: Any) -> dict[str, Any]:
+    """Each node's publisher at rest (its pods running, nothing changing): CPU, RSS, and the API
+    server's request rate over the window, every node's kubelet and controller included."""
+    pubs = _publishers()
+    progress(f"at rest for {seconds:.0f}s: {len(pubs)} publishers")
+    before = {pid: _usage(pid) for pid in pubs}
+    requests_before = _apiserver_requests(api)
+    time.sleep(seconds)
+    requests_after = _apiserver_requests(api)
+    per_node = {}
+    for pid, node in pubs.items():
+        cpu, rss = _usage(pid)
+        per_node[node] = {"cpu_pct": round((cpu - before[pid][0]) / seconds * 100, 3), "rss_mib": round(rss, 1)}
+    return {"seconds": seconds, "publishers": per_node,
+            "apiserver_requests_per_s_all_clients": round((requests_after - requests_before) / seconds, 2)}
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -76,6 +128,7 @@ def run_nodes(args: argparse.Namespace, namespace: str, ready_watch: Any, progre
                 per_node.setdefault(node.name, []).append(seen - start)
                 progress(f"pod {i - args.warmup + 1}/{args.rounds} on {node.name}: status visible "
                          f"{seen - start:.3f}s, Ready {t_ready - start:.3f}s")
+        rest = at_rest(api, getattr(args, "rest", REST_S), progress)
     finally:
         for watcher in watchers:
             watcher.stop()
@@ -88,4 +141,5 @@ def run_nodes(args: argparse.Namespace, namespace: str, ready_watch: Any, progre
         "per_node_median_s": {n: round(statistics.median(v), 3) for n, v in per_node.items()},
         "target_median_s": TARGET_S,
         "samples_s": [round(v, 3) for v in visible],
+        "at_rest": rest,
     }
