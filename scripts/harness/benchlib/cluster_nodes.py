@@ -34,7 +34,7 @@ REST_S = 120.0  # the at-rest window after the pods: what each node's netclaim c
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _publishers() -> dict[int, str]:
+def _publishers(nodes: set[str]) -> dict[int, str]:
     """pid -> node name of every `netclaim-publisher run` on this host (one per node's DaemonSet pod;
     the kubelet expands the chart's `--node-name=$(NETCLAIM_NODE_NAME)`)."""
     out = subprocess.run(["pgrep", "-af", "netclaim-publisher run"], capture_output=True, text=True).stdout
@@ -42,7 +42,7 @@ def _publishers() -> dict[int, str]:
     for line in out.splitlines():
         pid, _, cmd = line.partition(" ")
         node = re.search(r"--node-name[ =](\S+)", cmd)
-        if node:
+        if node and node.group(1) in nodes:  # this cluster's, not another cluster's on the same host
             found[int(pid)] = node.group(1)
     return found
 
@@ -64,10 +64,10 @@ def _apiserver_requests(api: client.ApiClient) -> float:
     return sum(float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith("apiserver_request_total{"))
 
 
-def at_rest(api: client.ApiClient, seconds: float, progress: Any) -> dict[str, Any]:
+def at_rest(api: client.ApiClient, nodes: set[str], seconds: float, progress: Any) -> dict[str, Any]:
     """Each node's publisher at rest (its pods running, nothing changing): CPU, RSS, and the API
     server's request rate over the window, every node's kubelet and controller included."""
-    pubs = _publishers()
+    pubs = _publishers(nodes)
     progress(f"at rest for {seconds:.0f}s: {len(pubs)} publishers")
     before = {pid: _usage(pid) for pid in pubs}
     requests_before = _apiserver_requests(api)
@@ -128,7 +128,7 @@ def run_nodes(args: argparse.Namespace, namespace: str, ready_watch: Any, progre
                 per_node.setdefault(node.name, []).append(seen - start)
                 progress(f"pod {i - args.warmup + 1}/{args.rounds} on {node.name}: status visible "
                          f"{seen - start:.3f}s, Ready {t_ready - start:.3f}s")
-        rest = at_rest(api, getattr(args, "rest", REST_S), progress)
+        rest = at_rest(api, {n.name for n in nodes}, getattr(args, "rest", REST_S), progress)
     finally:
         for watcher in watchers:
             watcher.stop()

@@ -372,6 +372,8 @@ def measure_point(bench: Scale, n: int, last: bool = True) -> dict[str, Any]:
     add = Delta.between(s3, s4)
     add.requests["WATCH resourceclaims"] = add.requests.get("WATCH resourceclaims", 0) - 1  # the bench's own
     tracked = _tracked_idle(bench, idle, len(specs)) if bench.args.tracked_idle > 0 and last else {}
+    if tracked:
+        s4 = cp.snapshot(bench.publishers)  # the DEL phase starts after the at-rest window
     rest = bench.args.lifetime - (time.time() - min(acked.values()))
     if rest > 0:
         time.sleep(rest)
