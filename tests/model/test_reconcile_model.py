@@ -17,9 +17,8 @@ other non-CNI steps are capped per sequence so that most steps are CNI verbs.
 
 CI runs NETCLAIM_MODEL_EXAMPLES (default 60) sequences, derandomized (same
 sequences every run, no example database). It ran 200 until the safety net replaced the 300 s
-resync: a sequence now takes several times longer to settle (its end waits until every tracked
-claim has been verified again), and 200 no longer fit CI's hour; run NETCLAIM_MODEL_EXAMPLES=200
-or more by hand. A failure prints the step list
+resync: a sequence now takes several times longer (30 sequences took 11 minutes), so 200 no
+longer fit CI's hour; run NETCLAIM_MODEL_EXAMPLES=200 or more by hand. A failure prints the step list
 (and a @reproduce_failure blob); paste it into test_regressions.py. Shrinking
 is off by default (each run of a sequence costs seconds on the real stack);
 NETCLAIM_MODEL_SHRINK=1 turns it on when minimising a failure by hand.
