@@ -30,13 +30,13 @@ start_driver() {
     WATCH=dra-driver wait_for 60 "the driver's ResourceSlice" slice_published
 }
 
-device_class() {
+device_class() { # device_class [NAME DRIVER]: the class of every device of DRIVER (default: the test driver's)
     kc apply -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: DeviceClass
-metadata: {name: $DEVICE_CLASS}
+metadata: {name: ${1:-$DEVICE_CLASS}}
 spec:
   selectors:
-  - cel: {expression: 'device.driver == "$DRIVER"'}
+  - cel: {expression: 'device.driver == "${2:-$DRIVER}"'}
 EOF
 }

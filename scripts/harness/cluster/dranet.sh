@@ -67,17 +67,6 @@ dranet_published() { # every host-side end on the host is in dranet's ResourceSl
     done
 }
 
-dranet_device_class() {
-    kc apply -f - >/dev/null <<EOT
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: $DRANET_CLASS}
-spec:
-  selectors:
-  - cel: {expression: 'device.driver == "$DRANET_DRIVER"'}
-EOT
-}
-
 start_dranet() {
     [[ "${WITH_DRANET:-0}" == 1 ]] || die "containerd runs without NRI here: bring the cluster up with --with-dranet"
     dranet_interfaces
@@ -90,7 +79,7 @@ start_dranet() {
     "$PY" "$HERE/harness/runtime/clusterctl.py" dranet-kubeconfig --admin "$CP_DIR/admin.kubeconfig" \
         --server "https://127.0.0.1:$APISERVER_PORT" --ca "$CP_DIR/pki/ca.crt" --node "$NODE" \
         --rbac "$HERE/harness/cluster/dranet-rbac.yaml" --out "$DRANET_DIR/kubeconfig" >/dev/null
-    dranet_device_class
+    device_class "$DRANET_CLASS" "$DRANET_DRIVER"
     local offset
     offset="$(stat -c %s "$DIR/dranet.log" 2>/dev/null || echo 0)"
     log "starting dranet (driver $DRANET_DRIVER, interfaces $(dranet_ifname 0)..$(dranet_ifname $((DRANET_COUNT - 1))))"
