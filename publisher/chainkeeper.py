@@ -296,9 +296,12 @@ class ChainKeeper:
             return False
         self.pause("after-write", target)
         self.unchain_others(target)
+        # Only a snapshot taken before every check that calls the pass done may be recorded as seen: a
+        # file written before it is in the checks below, one written after it changes the next poll's
+        # snapshot. (A new primary renamed in after primary() was read, but recorded here, was never chained.)
         settled = snapshot(self.cfg.conf_dir)
         chained = chained_in_place(target)  # re-read: a rewrite right after ours must not count as done
-        if chained:
+        if chained and self.primary() == target:
             self._seen = settled
             if self.guard.settle(primary.name, now):
                 self.log.info("chain contest over: netclaim stayed chained", extra={"conflist": primary.name})

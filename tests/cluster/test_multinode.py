@@ -92,7 +92,9 @@ def mn() -> Iterator[MultiNode]:
 def ns(mn: MultiNode) -> Iterator[str]:
     name = mn.cluster.namespace(f"mn-{uuid.uuid4().hex[:6]}")
     yield name
-    mn.cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    # Waited for: a pod left terminating here would be in the next test's way (kubectl drain refuses a
+    # node that still runs a pod without a controller, such as the roll test's "during").
+    mn.cluster.kubectl("delete", "namespace", name, "--timeout=180s", check=False, timeout=200)
 
 
 def spread(mn: MultiNode, ns: str, app: str, **kw: object) -> list[dict]:

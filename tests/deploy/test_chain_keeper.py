@@ -446,6 +446,19 @@ def test_issue18_item2_a_rewrite_right_after_the_keepers_write_is_not_taken_for_
              "re-chaining the rewrite that landed right after the keeper's write", keeper, tmp_root, timeout=30)
 
 
+def test_a_new_primary_written_while_the_keeper_finishes_its_pass_is_chained(node: Node, plugin_binary,
+                                                                              tmp_root: Path) -> None:
+    """Regression (CI, stop 22): another installer renamed a new primary into place after the keeper had
+    picked 10-calico and before it recorded the directory as settled; the keeper took the new file for
+    seen and never chained it."""
+    node.write("10-calico.conflist", PRIMARY)
+    with running_keeper(node, plugin_binary, tmp_root, "--test-pause=after-write=2") as keeper:
+        wait(lambda: pauses(tmp_root, "after-write") >= 1, "the keeper's first write", keeper, tmp_root)
+        node.write("05-new.conflist", {**PRIMARY, "name": "new"})
+        wait(lambda: node.chained("05-new.conflist") and not node.chained("10-calico.conflist"),
+             "chaining the primary that appeared mid-pass", keeper, tmp_root, timeout=30)
+
+
 def test_issue18_item2_a_write_mid_edit_is_not_reverted(node: Node, plugin_binary, tmp_root: Path) -> None:
     node.write("10-calico.conflist", dict(PRIMARY, mtu=1500))
     with running_keeper(node, plugin_binary, tmp_root, "--test-pause=before-replace=2") as keeper:
