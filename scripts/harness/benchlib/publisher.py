@@ -250,6 +250,7 @@ class Watcher:
         self.proc = ctx.Process(target=_watch_claims, args=(bench.kubeconfig, bench.ns, rv, self.queue), daemon=True)
         self.proc.start()
         self.seen: dict[str, tuple[str, float]] = {}
+        self.reconnects: list[str] = []  # why the watch had to be opened again, each time
 
     def collect(self, want: dict[str, str], timeout: float) -> dict[str, float]:
         """claim -> first time the entry written for want[claim] (a containerID) was seen."""
@@ -258,7 +259,9 @@ class Watcher:
         while time.time() < deadline and len(done) < len(want):
             while not self.queue.empty():
                 name, cid, t = self.queue.get()
-                if want.get(name) == cid and name not in done:
+                if name is None:  # the watch ended (cid says why) and was opened again
+                    self.reconnects.append(cid)
+                elif want.get(name) == cid and name not in done:
                     done[name] = t
             time.sleep(0.05)
         return done
@@ -269,27 +272,51 @@ class Watcher:
 
 
 def _watch_claims(kubeconfig: str, ns: str, rv: str, queue: Any) -> None:
+    """Follow the namespace's claims from `rv` for as long as the bench runs.
+
+    A watch the API server ends (its timeout, or a watcher too slow for its buffer) is opened
+    again from the last resourceVersion seen, and relisted when that is too old (410): an
+    entry is never missed because the bench's own watch lagged. Each reopening is reported
+    (name None), so a figure that needed one says so."""
     from kubernetes import client, config
 
     cfg = client.Configuration()
     config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     res = client.ResourceV1Api(client.ApiClient(cfg))
-    resp = res.list_namespaced_resource_claim(ns, watch=True, resource_version=rv, timeout_seconds=900,
-                                              _preload_content=False)
     reported: set[tuple[str, str]] = set()
-    buf = b""
-    for chunk in resp.stream(65536):
-        now = time.time()
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            obj = json.loads(line).get("object") or {}
-            name = (obj.get("metadata") or {}).get("name", "")
-            for d in (obj.get("status") or {}).get("devices") or []:
-                cid = (d.get("data") or {}).get("containerID", "")
-                if d.get("driver") == DRIVER and (name, cid) not in reported:
-                    reported.add((name, cid))
-                    queue.put((name, cid, now))
+
+    def report(obj: dict[str, Any], now: float) -> None:
+        name = (obj.get("metadata") or {}).get("name", "")
+        for d in (obj.get("status") or {}).get("devices") or []:
+            cid = (d.get("data") or {}).get("containerID", "")
+            if d.get("driver") == DRIVER and (name, cid) not in reported:
+                reported.add((name, cid))
+                queue.put((name, cid, now))
+
+    while True:
+        resp = res.list_namespaced_resource_claim(ns, watch=True, resource_version=rv, timeout_seconds=900,
+                                                  allow_watch_bookmarks=True, _preload_content=False)
+        buf, why = b"", "ended by the API server"
+        for chunk in resp.stream(65536):
+            now = time.time()
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                ev = json.loads(line)
+                obj = ev.get("object") or {}
+                if ev.get("type") == "ERROR":
+                    why = f"error {obj.get('code')}: {obj.get('message', '')}"
+                    rv = "" if obj.get("code") == 410 else rv
+                    continue
+                rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+                report(obj, now)
+        if not rv:  # too old to resume: list again (every entry listed counts as seen now)
+            listed = json.loads(res.list_namespaced_resource_claim(ns, _preload_content=False).data)
+            now = time.time()
+            for obj in listed["items"]:
+                report(obj, now)
+            rv = listed["metadata"]["resourceVersion"]
+        queue.put((None, why, time.time()))
 
 
 def _latency(bench: Bench, pods: list[tuple[str, str, str]], rate: float) -> dict[str, Any]:

@@ -66,6 +66,7 @@ from .stats import paced, percentile
 REPO = Path(__file__).resolve().parents[3]
 NODE_PREFIX = "scale-"
 PHASE_TIMEOUT = 300.0
+LATE_S = 1.0  # an ADD whose entry took longer to show is diagnosed (its journal row)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -360,9 +361,11 @@ def measure_point(bench: Scale, n: int, last: bool = True) -> dict[str, Any]:
         seen = watcher.collect({s.claim: s.cid for s in specs}, timeout=PHASE_TIMEOUT)
     finally:
         watcher.stop()
-    missing = [s.claim for s in specs if s.claim not in seen]
+    missing = [s for s in specs if s.claim not in seen]
     if missing:
-        raise RuntimeError(f"N={n}: {len(missing)} claims never showed their entry, e.g. {missing[:5]}")
+        raise RuntimeError(f"N={n}: {len(missing)} claims never showed their entry (watch reopened "
+                           f"{len(watcher.reconnects)}x: {watcher.reconnects[:3]}); the publishers' journals "
+                           f"say: {_journal_rows(bench, missing[:5])}")
     _until(bench.drained, PHASE_TIMEOUT, "journals to drain after the ADDs")
     # Each ADD's claim watch stays open for the publisher's claim window after its apply, and the
     # API server counts a WATCH when it ends: the ADD phase ends when the last window has closed.
@@ -384,6 +387,8 @@ def measure_point(bench: Scale, n: int, last: bool = True) -> dict[str, Any]:
     dele = Delta.between(s4, s5)
     bench.delete_pods(specs)
     latency = [(seen[s.claim] - acked[s.claim]) * 1000 for s in specs]
+    late = sorted((s for s in specs if seen[s.claim] - acked[s.claim] > LATE_S),
+                  key=lambda s: acked[s.claim] - seen[s.claim])
     rss = [u["rss_mib"] for u in s5.publishers.values()]
     return {
         "nodes": n, "adds": len(specs), "publishers_start_s": round(start_s, 1),
@@ -402,11 +407,32 @@ def measure_point(bench: Scale, n: int, last: bool = True) -> dict[str, Any]:
         "del_requests": {k: int(v) for k, v in sorted(dele.requests.items())},
         "handoff_to_visible_ms": {"p50": round(percentile(latency, .5), 1), "p99": round(percentile(latency, .99), 1),
                                   "max": round(max(latency), 1)},
+        "late": {"over_s": LATE_S, "count": len(late), "watch_reopened": watcher.reconnects,
+                 "slowest": [{"ms": round((seen[s.claim] - acked[s.claim]) * 1000), **row}
+                             for s, row in zip(late[:10], _journal_rows(bench, late[:10]))]},
         "publisher_rss_mib": {"mean": round(sum(rss) / len(rss), 1), "max": round(max(rss), 1),
                               "total": round(sum(rss), 1)},
         "host_mem_available_mib": _mem_available_mib(),
         "host_load_1m": round(os.getloadavg()[0], 2),  # the machine is shared: how busy it was
     }
+
+
+def _journal_rows(bench: Scale, specs: list[PodSpec]) -> list[dict[str, Any]]:
+    """What each pod's publisher recorded about its ADD: tries, seconds from receipt to the end of
+    the event, the last error. Tells a publisher that was slow from a watch that saw it late."""
+    import sqlite3
+
+    out = []
+    for spec in specs:
+        db = sqlite3.connect(f"file:{bench.publishers[spec.node].dir / 'state' / 'journal.db'}?mode=ro", uri=True)
+        try:
+            row = db.execute("SELECT attempts, finished - received, state, error FROM events "
+                             "WHERE container_id = ? AND op = 'ADD'", (spec.cid,)).fetchone()
+        finally:
+            db.close()
+        out.append({"node": spec.node, "claim": spec.claim, **(
+            dict(zip(("attempts", "handled_s", "state", "error"), row)) if row else {"journal": "no row"})})
+    return out
 
 
 def _tracked_idle(bench: Scale, idle: Delta, claims: int) -> dict[str, Any]:

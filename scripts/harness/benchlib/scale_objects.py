@@ -11,9 +11,6 @@ from .publisher import CLASS, DRIVER, MERGE
 NETWORK = "scalenet"
 REQUEST = "nic"
 
-NETWORK = "scalenet"
-REQUEST = "nic"
-
 
 @dataclass
 class PodSpec:
@@ -23,8 +20,6 @@ class PodSpec:
     uid: str = ""
     cid: str = ""
     index: int = 0
-
-
 
 
 def scheduled_pod(api: Any, ns: str, spec: PodSpec) -> None:
