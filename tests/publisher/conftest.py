@@ -12,6 +12,7 @@ import pytest
 from publisher.kube import Credentials, Kube
 from publisher.metrics import Metrics
 from publisher.service import Service, Settings
+from lossy_proxy import LossyApiProxy
 from publisher_testkit import Cluster, Plugin, Publisher, suffix
 
 
@@ -67,3 +68,11 @@ def service(control_plane, workdir):
                            workers=1, emit_events=False), kube, Metrics())
     yield svc
     svc.stop()
+
+
+@pytest.fixture()
+def proxy(control_plane, workdir):
+    """A TLS proxy in front of the real API server that can lose answers (tests/publisher/lossy_proxy.py)."""
+    p = LossyApiProxy(control_plane.server, control_plane.ca_file, workdir).start()
+    yield p
+    p.stop()

@@ -14,7 +14,6 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef, event_request
-from lossy_proxy import LossyApiProxy
 from publisher.reconciler import server_devices
 from publisher.writer import holds, owned_keys
 from publisher_testkit import DRIVER, Cluster, apply_as, cni_result, drained, request, suffix, wire_event
@@ -39,13 +38,6 @@ def wait(predicate, what: str, timeout: float = 30.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"never happened: {what}")
-
-
-@pytest.fixture()
-def proxy(control_plane, workdir):
-    p = LossyApiProxy(control_plane.server, control_plane.ca_file, workdir).start()
-    yield p
-    p.stop()
 
 
 def test_issue16_item3_lost_apply_then_desired_body_goes_back(cluster: Cluster, publisher_factory, proxy,

@@ -20,7 +20,6 @@ import urllib.request
 import pytest
 
 from cni_plugin.wire import PodRef, event_request
-from lossy_proxy import LossyApiProxy
 from publisher_testkit import DRIVER, Cluster, cni_result, drained, request, suffix, wait_until, wire_event
 
 pytestmark = pytest.mark.controlplane
@@ -39,13 +38,6 @@ def send(socket_path: str, event) -> None:
 
 def purpose(publisher, name: str) -> float:
     return publisher.metric(f'netclaim_api_requests_by_purpose_total{{purpose="{name}"}}')
-
-
-@pytest.fixture()
-def proxy(control_plane, workdir):
-    p = LossyApiProxy(control_plane.server, control_plane.ca_file, workdir).start()
-    yield p
-    p.stop()
 
 
 def test_apply_that_lands_after_the_retry_is_repaired_by_the_window(cluster: Cluster, publisher_factory, proxy,
