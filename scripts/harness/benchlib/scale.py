@@ -481,6 +481,16 @@ def _mem_available_mib() -> float:
 # ------------------------------------------------------------------ run, report
 
 
+def assumed(args: argparse.Namespace) -> Cluster:
+    """The extrapolation's cluster, with the claim window the bench's publishers ran with."""
+    window = 0.0
+    for arg in args.publisher_arg:
+        name, _, value = arg.partition("=")
+        if name == "--claim-window" and value:
+            window = float(value)
+    return Cluster(claim_window_s=window)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "scripts" / "harness"))
     levels = sorted(int(x) for x in args.nodes.split(",") if x.strip())
@@ -494,8 +504,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                "options": {k: getattr(args, k) for k in ("nodes", "pods_per_node", "rate", "lifetime", "idle",
                                                         "workers", "publisher_arg", "tracked_idle")},
                "growth": growth(points),
-               "extrapolation": {"assumptions": Cluster().__dict__,
-                                 "figures": extrapolate(points[-1]) if points else {}}}
+               "extrapolation": {"assumptions": assumed(args).__dict__,
+                                 "figures": extrapolate(points[-1], assumed(args)) if points else {}}}
     print(markdown(figures))
     if args.plot and points:
         plot(figures, args.plot)

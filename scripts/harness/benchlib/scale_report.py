@@ -139,7 +139,7 @@ class Cluster:
     netclaim_share: float = 1.0         # share of pods with a netclaim claim: 1 = every pod (upper bound)
     claims_per_node: int = 30           # claims a publisher tracks at any time (the safety net reads each)
     resync_s: float = 108000.0          # safety net: mean of --verify-after + uniform[0, --verify-spread] (24 h + 6 h)
-    claim_window_s: float = 90.0        # an ADD's claim watch stays open this long after the apply (--claim-window)
+    claim_window_s: float = 0.0         # an ADD's claim watch stays open this long after the apply (--claim-window; off by default)
     watch_timeout_s: float = 2700.0     # long-lived watches renewed after uniform[1800, 3600] s (limits.WATCH_RENEW)
     watches_per_node: int = 2           # the publisher's pod watch and the chain keeper's DaemonSet watch
     apiserver_seats: int = 600          # --max-requests-inflight 400 + --max-mutating-requests-inflight 200
@@ -164,7 +164,7 @@ def extrapolate(point: dict[str, Any], c: Cluster | None = None) -> dict[str, fl
         "etcd_writes_per_s": round(pods * (add["etcd_writes"] + dele["etcd_writes"]), 1),
         "etcd_writes_per_s_pod_create_reference": round(c.churn_per_s * point["reference_create_per_pod"]["etcd_writes"], 1),
         "watches_added": c.nodes * point["watches_added"] / point["nodes"],
-        "claim_watches_open": round(pods * c.claim_window_s),
+        "claim_watches_open": round(pods * c.claim_window_s),  # windows opened per second x how long each stays
         "apiserver_cpu_cores_events": round(cpu, 2),
         "netclaim_seats": -(-c.apiserver_seats * c.netclaim_shares // (c.other_shares + c.netclaim_shares)),
         "publisher_memory_gib_cluster": round(c.nodes * point["publisher_rss_mib"]["mean"] / 1024, 1),
