@@ -283,12 +283,13 @@ class Reconciler:
                     return False
                 desired, wrote = isolated, True
             self._rejected.pop(key, None)
+            # The state is told before the journal calls the claim clean: a status read in
+            # between must not show a quiescent publisher with the claim still pending.
+            self.report.claim_state(key, "published", "", [f"{a.pool}/{a.device}" for a in desired.shown])
             self._commit(ns, name, desired, self.writer.last_digest(key) if wrote else None)
             self.verified(key)
             if self.windows is not None:
                 self.windows.settled(key, desired.entries, claim, self.writer.answered(key) if wrote else rv)
-            devices = [f"{a.pool}/{a.device}" for a in desired.shown]
-            self.report.claim_state(key, "published", "", devices)
             self.log.info("published" if wrote else "unchanged, apply skipped",
                           extra={"entries": len(desired.entries), **event_fields(trigger, key)})
             return wrote
@@ -341,10 +342,10 @@ class Reconciler:
 
     def _gone(self, ns: str, name: str, message: str, trigger: Event | None) -> None:
         key = f"{ns}/{name}"
+        self.report.claim_state(key, "gone", message, [])
         self.journal.forget([a.key for a in self.journal.for_claim(ns, name)])
         self.journal.clean(ns, name)
         self.writer.invalidate(key)
-        self.report.claim_state(key, "gone", message, [])
         self.log.warning("claim is gone, its attachments are forgotten", extra=event_fields(trigger, key))
 
     def _refused(self, key: str, desired: Desired, exc: PermanentError, trigger: Event | None,

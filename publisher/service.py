@@ -335,6 +335,9 @@ class Service:
     def status(self, brief: bool = False) -> dict[str, Any]:
         if brief:
             return self.brief_status()
+        # Counters first: a claim's state is told before the journal calls it clean, so a
+        # quiescent answer never carries a claim still shown as pending.
+        counters = self._counters()
         claims = self.report.claims()
         for ns, name in self.journal.claims():
             claims.setdefault(f"{ns}/{name}", {"state": "pending", "error": "", "devices": [], "updated": None})
@@ -347,7 +350,7 @@ class Service:
         tombstones, fences = self.journal.order_marks()
         api = self.kube.health()
         return {
-            **self._counters(),
+            **counters,
             "claims_total": total,
             "ready": ready,
             "not_ready_reason": why,

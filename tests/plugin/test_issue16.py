@@ -104,17 +104,20 @@ def test_issue16_item6_dead_writers_temp_files_are_cleaned_live_ones_counted(tmp
     live_tmp = spool / f"0002-y.event.json.{writer.pid}.tmp"
     live_tmp.write_bytes(b"y" * 3000)
     event_size = os.path.getsize(wire.list_spool(str(spool))[0])
+    # Two events fit with room to spare, but not beside the live writer's 3,000 bytes. The margin
+    # matters: one event's size differs from the next by a few bytes (its timestamps' digits).
+    cap = event_size * 2 + 3000 - 100
     try:
         with pytest.raises(wire.SpoolFull):  # the live writer's bytes count against the cap
             wire.write_spool(str(spool), wire.Event(op="ADD", container_id="c1", ifname="eth0", driver="d"),
-                             max_bytes=event_size * 2 + 3000 - 1)
+                             max_bytes=cap)
     finally:
         writer.kill()
         writer.wait()
     assert not dead_tmp.exists(), "a dead writer's temp file is removed"
     assert live_tmp.exists(), "a live writer's temp file is left alone"
     wire.write_spool(str(spool), wire.Event(op="ADD", container_id="c2", ifname="eth0", driver="d"),
-                     max_bytes=event_size * 2 + 3000 - 1)  # its writer died: the temp file goes, room again
+                     max_bytes=cap)  # its writer died: the temp file goes, room again
     assert len(wire.list_spool(str(spool))) == 2 and not live_tmp.exists()
 
 

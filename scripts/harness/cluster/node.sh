@@ -131,6 +131,24 @@ stop_containerd() {
         kill -TERM "$pid" 2>/dev/null || true
         for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     done
+    forget_cni_cache "$CTD/"
+}
+
+forget_cni_cache() { # forget_cni_cache PREFIX: libcni cache entries of sandboxes whose netns was under PREFIX
+    # A teardown that failed (or never ran) leaves libcni's cached result behind: on a host that
+    # outlives the test cluster it would pile up, and an uninstall would count it as a live sandbox.
+    python3 - "$1" /var/lib/cni/results <<'PY'
+import json, os, sys
+prefix, results = sys.argv[1], sys.argv[2]
+for name in os.listdir(results) if os.path.isdir(results) else []:
+    try:
+        with open(os.path.join(results, name), "rb") as fh:
+            netns = json.load(fh).get("netns") or ""
+    except (OSError, ValueError, AttributeError):
+        continue
+    if netns.startswith(prefix):
+        os.unlink(os.path.join(results, name))
+PY
 }
 
 import_image() { # import_image FILE
