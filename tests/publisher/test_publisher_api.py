@@ -12,7 +12,7 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import DRIVER, Cluster, Plugin, add, apply_as, drained, suffix
+from publisher_testkit import DRIVER, Cluster, Plugin, add, apply_as, drained, suffix, wait_until
 
 pytestmark = pytest.mark.controlplane
 
@@ -145,6 +145,8 @@ def test_unresolvable_event_is_reported_after_the_timeout(cluster: Cluster, publ
     add(plugin, "c" + suffix(), PodRef(cluster.namespace, "never-created", "uid-x"))
     st = drained(publisher, timeout=30)
     assert st["failed_events"] and "not visible" in st["failed_events"][0]["error"]
+    # Counted just after the journal marks the event failed (which `drained` sees): wait for it.
+    wait_until("the failure counted", lambda: publisher.metric('netclaim_events_failed_total{reason="unresolved"}'))
     assert publisher.metric('netclaim_events_failed_total{reason="unresolved"}') == 1
     [warning] = cluster.wait_warnings(lambda e: len(e) == 1)
     assert warning["reason"] == "Unresolvable" and "not visible" in warning["note"]
@@ -195,6 +197,8 @@ def test_refused_apply_is_reported_and_not_retried_forever(cluster: Cluster, pub
                                   "name": "web", "uid": uid}
     assert api_message[:200] in warning["note"] and "(409)" in warning["note"] and cid[:12] in warning["note"]
     assert warning["reportingInstance"] == "netclaim/node-a"
+    # Counted when the API server's answer to the POST arrives, a moment after the Event is visible.
+    wait_until("the Event counted", lambda: publisher.metric('netclaim_k8s_events_total{result="created"}') >= 1)
     assert publisher.metric('netclaim_k8s_events_total{result="created"}') == 1
 
 

@@ -96,6 +96,7 @@ def test_no_emit_events_posts_nothing(cluster: Cluster, publisher_factory, workd
     add(plugin, "c" + suffix(), PodRef(cluster.namespace, "bare", "0000-not-" + uid[9:]))
     st = drained(publisher)
     assert f"has uid {uid}" in st["failed_events"][0]["error"]
+    wait_metric(publisher, 'netclaim_k8s_events_total{result="disabled"}', 1)  # told just after the journal
     assert publisher.metric('netclaim_k8s_events_total{result="disabled"}') == 1
     time.sleep(1.0)
     assert cluster.warnings() == []

@@ -500,12 +500,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         apf = apf_phase()
     else:
         apf = {}
+    cluster = assumed(args)
     figures = {"points": points, "error": error, "cpus": os.cpu_count(), "apf": apf,
                "options": {k: getattr(args, k) for k in ("nodes", "pods_per_node", "rate", "lifetime", "idle",
                                                         "workers", "publisher_arg", "tracked_idle")},
                "growth": growth(points),
-               "extrapolation": {"assumptions": assumed(args).__dict__,
-                                 "figures": extrapolate(points[-1], assumed(args)) if points else {}}}
+               "extrapolation": {"assumptions": cluster.__dict__,
+                                 "figures": extrapolate(points[-1], cluster) if points else {}}}
     print(markdown(figures))
     if args.plot and points:
         plot(figures, args.plot)
