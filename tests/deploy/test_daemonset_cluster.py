@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 import cni_plugin
+from publisher.chainkeeper import cached_users
 from chartlib import CHART, helm
 from deploylib import REPO, own_cluster
 
@@ -360,34 +361,20 @@ def test_issue18_item3_refused_credentials_keep_the_node_and_uninstall_cleans_it
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     # The hand path removes the plugin only once no sandbox's cached config runs it: wait for every
     # teardown to finish (this test's pods, and any an earlier test's namespace deletion still runs).
-    socket_path = f"{files.run}/publisher.sock"
+    # The keeper's own reading of libcni's cache is the precondition here, not what is under test.
+    def cached() -> list[str]:
+        return cached_users(Path(CNI_CACHE), f"{files.run}/publisher.sock")
+
     try:
-        wait_until(lambda: not cached_netclaim_sandboxes(socket_path), "every sandbox that ran netclaim to be "
-                   "torn down", timeout=180)
+        wait_until(lambda: not cached(), "every sandbox that ran netclaim to be torn down", timeout=180)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; still cached: {cached_netclaim_sandboxes(socket_path)}") from exc
+        raise AssertionError(f"{exc}; containerIDs still cached: {cached()}") from exc
     proc = subprocess.run([str(REPO / ".venv" / "bin" / "netclaim-publisher"), "chain-keeper", "--uninstall",
                            f"--cni-conf-dir={files.conf}", f"--cni-bin-dir={files.bin}",
                            f"--plugin-socket={files.run}/publisher.sock", "--log-format=text"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert files.snapshot() == before, proc.stderr  # the hand path removes it once nobody can run it
-
-
-def cached_netclaim_sandboxes(socket_path: str) -> list[str]:
-    """Names of libcni cache files whose cached conflist chains this install's netclaim."""
-    import base64
-
-    found = []
-    for cache in Path(CNI_CACHE, "results").glob("*"):
-        try:
-            conflist = json.loads(base64.b64decode(json.loads(cache.read_bytes())["config"]))
-        except (OSError, ValueError, KeyError):
-            continue  # removed meanwhile, or not a libcni cache file
-        if any(p.get("type") == "netclaim" and p.get("socketPath") == socket_path
-               for p in conflist.get("plugins") or []):
-            found.append(cache.name)
-    return sorted(found)
 
 
 def cached_del(files: NodeFiles, container_id: str, ns: str, pod: str) -> subprocess.CompletedProcess[bytes]:
