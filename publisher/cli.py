@@ -165,12 +165,16 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
 @click.option("--unchained-grace", envvar="NETCLAIM_UNCHAINED_GRACE", show_envvar=True, default=30.0,
               show_default=True, type=click.FloatRange(1, 3600),
               help="Seconds after a claimed pod is seen Running before a missing ADD counts as not chained.")
+@click.option("--durable-commits", envvar="NETCLAIM_DURABLE_COMMITS", show_envvar=True, default="auto",
+              show_default=True, type=click.Choice(["auto", "always", "never"]),
+              help="fsync every journal commit before the ack. auto: only when the state dir is on a network or "
+                   "FUSE filesystem; use always for a publisher in a VM-isolated runtime (docs/publisher.md).")
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
         metrics_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, verify_after: float,
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
-        unchained_grace: float) -> None:
+        unchained_grace: float, durable_commits: str) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
     import sqlite3
 
@@ -179,6 +183,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     os.umask(0o077)
 
     from . import logs
+    from .durability import durable_commits as decide_durability
     from .kube import Credentials, Kube
     from .metrics import HealthServer, Metrics
     from .server import SocketServer
@@ -191,6 +196,9 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         log.warning("--resync-interval (NETCLAIM_RESYNC_INTERVAL) is deprecated: use --verify-after and "
                     "--verify-spread", extra={"resync_interval": resync_interval})
         verify_after, verify_spread = resync_interval, 0.0
+    durable, why = decide_durability(durable_commits, state_dir)
+    log.info("journal commits " + ("fsync before the ack" if durable else "ack without fsync (the boot rule covers an "
+                                                                         "OS crash)"), extra={"why": why})
     pool = workers + 4 + (max_claim_windows if claim_window > 0 else 0)  # an open claim window holds a connection
     kube = Kube(api_client_for(kubeconfig, pool), metrics.record_api,
                 credentials=Credentials(kubeconfig, pool), count_purpose=metrics.record_purpose)
@@ -198,7 +206,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                         resolve_timeout=resolve_timeout, verify_after=verify_after, verify_spread=verify_spread,
                         claim_window=claim_window, max_claim_windows=max_claim_windows,
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
-                        driver_names=driver_names, unchained_grace=unchained_grace)
+                        driver_names=driver_names, unchained_grace=unchained_grace,
+                        durable_commits=durable)
     try:
         service = Service(settings, kube, metrics)
         server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
@@ -319,11 +328,8 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     # busy node, and the decision must fit in the pod's grace period.
     kube = None
     if (daemonset or node_name) and not once:
-        from .kube import Kube
-
         try:
-            # Three connections: the DaemonSet watch holds one, Events and the final GET the others.
-            kube = Kube(api_client_for(kubeconfig, 3))
+            kube = keeper_kube(kubeconfig)
         except click.ClickException as exc:
             logs.get().warning("no API client; no Events, and on SIGTERM the node stays chained",
                                extra={"error": exc.format_message()})
@@ -342,6 +348,20 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     if kube is not None and node_name:
         reporting.events = contest_events(kube, node_name)
     sys.exit(chainkeeper.run_keeper(cfg, once, decide if daemonset else None, stop, reporting))
+
+
+def keeper_kube(kubeconfig: str | None) -> Any:
+    """The keeper's API client, which re-reads its credentials like the publisher's does.
+
+    The keeper lives as long as the node's DaemonSet pod, far longer than a projected token
+    (the chart asks for 3600 s) or a kubeconfig `tokenFile` that is renewed: a client that
+    read the token once is refused (401) an hour later, its owner watch cannot list again,
+    and on SIGTERM after `helm uninstall` it could no longer tell the node to be cleaned.
+    Three connections: the DaemonSet watch holds one, Events and the final GET the others.
+    """
+    from .kube import Credentials, Kube
+
+    return Kube(api_client_for(kubeconfig, 3), credentials=Credentials(kubeconfig, 3))
 
 
 def contest_events(kube: Any, node_name: str) -> Any:

@@ -1,11 +1,12 @@
 """Intake: events from the socket and the spool into the journal, and the spool's overflow report.
 
-An event is acknowledged only after its journal commit is on disk
-(publisher/journal.py, publisher/walsync.py), so once the plugin's ADD
-returned the event survives a crash. The worker is woken as soon as the event
-is committed, so resolving and applying overlap the fsync. A journal that
-cannot be written is reported by the journal (health: `journal: ...`) and the
-plugin gets an error, so it spools the event instead.
+An event is acknowledged as soon as its journal commit is done
+(publisher/journal.py): from then on it survives a crash of the publisher, and
+the ADD waits for no disk. What an OS crash could still take belongs to
+sandboxes that crash destroyed, which the boot rule retires at the next start
+(docs/publisher.md "What an ack means"). A journal that cannot be written is
+reported by the journal (health: `journal: ...`) and the plugin gets an error,
+so it spools the event instead.
 
 Spool files are deleted only after their events are committed. A file that
 cannot be deleted then (read-only remount, EACCES/EPERM without capabilities)
@@ -71,11 +72,9 @@ class Intake:
             self.log.warning("event rejected: no pod identity", extra={
                 "op": event.op, **logs.attachment_fields(container_id=event.container_id, ifname=event.ifname)})
             return True, event.event_id
-        new = self.journal.append(event, wait=False)
+        new = self.journal.append(event)
         if new:
-            self.notify(event)  # the worker resolves and applies while the commit is being synced
-        self.journal.flush()  # durable before the ack (a duplicate too: its first copy may not be yet)
-        if new:
+            self.notify(event)
             self.metrics.events_acked.labels(event.op).inc()
         else:
             self.metrics.events_duplicate.inc()

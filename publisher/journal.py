@@ -1,11 +1,22 @@
 """The journal: SQLite (WAL) holding pending events and every attachment's desired state.
 
-An event is acknowledged to the plugin only after `append` committed it and
-`flush` made that commit durable (publisher/walsync.py: one fsync for all the
-commits waiting), so once the plugin's ADD has returned, the event survives a
-publisher crash or a node reboot. `attachments` is the desired state: what this node wants each
-claim's status to say. Applies are computed from it, resync re-applies it, and
-a restart re-applies it, so the API server converges to it whatever happened.
+An event is acknowledged to the plugin once `append` has committed it: a
+commit survives a crash of the publisher process (SQLite WAL), and nothing on
+the ADD path waits for an fsync. An OS crash or power loss can lose the last
+commits, and exactly those belong to sandboxes the same crash destroyed: at
+the first start of a new boot the journal retires every attachment of an
+earlier boot (`retire_earlier_boots`, "the boot rule"), and from then on events
+of earlier boots change nothing (publisher/rules.py). Checkpoints, run by
+housekeeping on their own connection, fsync the WAL and the database and so
+bound what a power loss can take. `attachments` is the desired state: what this
+node wants each claim's status to say. Applies are computed from it, the safety
+net and a restart re-apply it, so the API server converges to it whatever happened.
+
+The one deployment where an unsynced commit can outlive its sandboxes' kernel
+is a journal the sandboxes' kernel does not hold in its own page cache (a
+network or FUSE state directory, a publisher inside a VM-isolated runtime):
+there `durable_commits` (publisher/durability.py decides) makes every commit
+fsync, as SQLite's synchronous=FULL does.
 """
 
 from __future__ import annotations
@@ -24,7 +35,6 @@ from .clock import node_seconds, wall
 from .journal_schema import (MIGRATIONS, META_SCHEMA, SCHEMA, _ATT_COLUMNS, Attachment,  # noqa: F401
                              Pending, shard_key)
 from .order import BootOrder
-from .walsync import GroupSync
 from cni_plugin.wire import Event, WireError, _boot_id, legacy_order
 
 
@@ -60,7 +70,7 @@ class Journal:
     """
 
     def __init__(self, state_dir: str, on_fault: Callable[[str], None] | None = None,
-                 on_recover: Callable[[], None] | None = None) -> None:
+                 on_recover: Callable[[], None] | None = None, durable_commits: bool = False) -> None:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(state_dir, "journal.db")
         self.log = logs.get()
@@ -72,16 +82,15 @@ class Journal:
         _create_private(self.path)  # SQLite gives -wal and -shm the database file's mode
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL: a commit writes the WAL without fsync; `flush` makes it durable (group commit),
-        # so no lock is ever held across an fsync. Checkpoints (which fsync) run from
-        # housekeeping on their own connection, never inside a commit.
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # NORMAL: a commit writes the WAL without fsync (it survives a process crash; the boot
+        # rule covers an OS crash). Checkpoints (which fsync) run from housekeeping on their own
+        # connection, never inside a commit. FULL only where the journal may outlive the kernel.
+        self.durable_commits = durable_commits
+        self._db.execute(f"PRAGMA synchronous={'FULL' if durable_commits else 'NORMAL'}")
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.execute(f"PRAGMA journal_size_limit={limits.JOURNAL_WAL_KEEP}")
-        self._sync = GroupSync(self.path + "-wal", self.path)
         self._ckpt_lock = threading.Lock()
         self._ckpt: sqlite3.Connection | None = None
-        self._sync_failing = False  # the last fsync failed: a commit alone does not clear the fault
         self._db.execute(f"PRAGMA busy_timeout={int(limits.JOURNAL_BUSY_TIMEOUT * 1000)}")
         self._db.executescript(SCHEMA + META_SCHEMA)
         for table, column, decl in MIGRATIONS:
@@ -91,6 +100,8 @@ class Journal:
         self._rdb = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._rdb.execute("PRAGMA busy_timeout=1000")
         self._rdb.execute("PRAGMA query_only=1")
+        self.retired: list[tuple[str, str]] = []  # claims whose attachments the boot rule retired at open
+        self.retired_attachments = 0
         self._rebase_clock()
         self.protect()
 
@@ -110,24 +121,10 @@ class Journal:
             self._db.close()
         with self._rlock:
             self._rdb.close()
-        self._sync.close()
 
     def _tx(self) -> "_Tx":
-        """One write transaction; durable only after `flush` (an ack depends on it). Other
-        commits can be lost in a crash without harm: replaying the events redoes them."""
+        """One write transaction: once committed it survives a crash of this process."""
         return _Tx(self)
-
-    def flush(self) -> None:
-        """Wait until every commit made so far is on disk (shared fsync); raise if it cannot be."""
-        try:
-            self._sync.wait(limits.JOURNAL_LOCK_WAIT)
-        except OSError as exc:
-            self._sync_failing = True  # commits still succeed, but nothing is durable: stay faulty
-            self._wrote(exc)
-            raise
-        if self._sync_failing:
-            self._sync_failing = False
-            self._wrote(None)
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database (PASSIVE: never blocks a writer), from housekeeping.
@@ -154,7 +151,7 @@ class Journal:
         """Track write health; tell the owner on the transitions only (one log line each)."""
         w = self.writes
         if exc is None:
-            if w.failing_since and not self._sync_failing:
+            if w.failing_since:
                 w.failing_since, w.last_error = 0.0, ""
                 self.log.info("journal writable again")
                 self._on_recover()
@@ -170,8 +167,6 @@ class Journal:
         now, w = node_seconds(), self.writes
         if w.busy_since and now - w.busy_since > limits.JOURNAL_WEDGED:
             return f"journal: a write has been in flight for {now - w.busy_since:.0f}s"
-        if self._sync.syncing_since and now - self._sync.syncing_since > limits.JOURNAL_WEDGED:
-            return f"journal: an fsync has been in flight for {now - self._sync.syncing_since:.0f}s"
         if w.failing_since and now - w.failing_since > limits.JOURNAL_WEDGED:
             return f"journal: writes failing for {now - w.failing_since:.0f}s: {w.last_error}"
         return ""
@@ -182,8 +177,7 @@ class Journal:
         Run by housekeeping on every pass, so another process holding the journal's write
         lock (a backup tool, `sqlite3` left in a transaction, a second publisher) shows in
         health within seconds even when no event happens to need a write; an empty
-        transaction writes nothing to the WAL. The flush after it keeps a failed fsync
-        (EIO) in health until an fsync succeeds again.
+        transaction writes nothing to the WAL and syncs nothing.
         """
         with self._lock:
             self._db.execute(f"PRAGMA busy_timeout={int(limits.JOURNAL_PROBE_WAIT * 1000)}")
@@ -192,15 +186,16 @@ class Journal:
                     pass
             finally:
                 self._db.execute(f"PRAGMA busy_timeout={int(limits.JOURNAL_BUSY_TIMEOUT * 1000)}")
-        self.flush()  # no fsync when every commit is already durable; retries one that failed
 
     def _rebase_clock(self) -> None:
-        """Times stored on another boot's CLOCK_BOOTTIME mean nothing now: make them "now".
+        """At the first open of a boot: rebase stored times, and apply the boot rule.
 
-        Due times become due at once; receive/record/finish times become now,
-        which keeps marks and finished events one more retention period and gives
-        pending events a full resolve timeout again: late, never early. A journal
-        from before the boot id was stored (wall-clock times) is rebased too.
+        Times stored on another boot's CLOCK_BOOTTIME mean nothing now: due times
+        become due at once; receive/record/finish times become now, which keeps
+        finished events one more retention period and gives pending events a full
+        resolve timeout again: late, never early. A journal from before the boot id
+        was stored (wall-clock times) is rebased too. The boot rule runs in the same
+        transaction, so a crash half-way through repeats both.
         """
         boot = _boot_id()
         rows = self._read("SELECT value FROM meta WHERE key='boot_id'")
@@ -214,20 +209,50 @@ class Journal:
             db.execute("UPDATE tombstones SET recorded=?", (now,))
             db.execute("UPDATE fences SET recorded=?", (now,))
             db.execute("UPDATE attachments SET updated=?", (now,))
+            if boot:
+                self.retired, self.retired_attachments = self._retire_earlier_boots(db, boot)
             db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('boot_id', ?)", (boot,))
-        self.flush()
+        if self.retired:
+            self.log.info("new boot: attachments of earlier boots retired", extra={
+                "attachments": self.retired_attachments, "claims": len(self.retired), "boot_id": boot})
+
+    @staticmethod
+    def _retire_earlier_boots(db: sqlite3.Connection, boot: str) -> tuple[list[tuple[str, str]], int]:
+        """The boot rule: every sandbox of an earlier boot died with that boot.
+
+        Each attachment whose ADD was stamped in another boot (or before stamps
+        existed) is removed as its DEL would remove it, and its claim is marked
+        dirty, so the start-up retry reconciles it once and the dead sandbox's
+        IP/MAC leave the claim. Tombstones and GC fences are of earlier boots too:
+        events of earlier boots change nothing any more (publisher/rules.py), so
+        they protect nothing and go. Returns the claims marked dirty and how many
+        attachments went.
+        """
+        claims: set[tuple[str, str]] = set()
+        retired = 0
+        for cid, ifname, added, stamp, ns, name in db.execute(
+                "SELECT container_id, ifname, added, stamp, claim_namespace, claim_name FROM attachments").fetchall():
+            if stamp_boot(added or stamp) == boot:
+                continue
+            db.execute("DELETE FROM attachments WHERE container_id=? AND ifname=?", (cid, ifname))
+            claims.add((ns, name))
+            retired += 1
+        for ns, name in sorted(claims):
+            _mark_dirty(db, ns, name, 0.0)
+        db.execute("DELETE FROM tombstones")
+        db.execute("DELETE FROM fences")
+        return sorted(claims), retired
 
     # ------------------------------------------------------------ events
 
-    def append(self, event: Event, wait: bool = True) -> bool:
+    def append(self, event: Event) -> bool:
         """Commit one event; False when its event_id was seen before (a duplicate).
 
-        wait=False returns once committed but not yet durable: the caller must
-        `flush` before it acks (intake wakes the worker in between).
+        Once this returns the event survives a crash of the publisher: the plugin may be acked.
         """
-        return self.append_many([event], wait)[0]
+        return self.append_many([event])[0]
 
-    def append_many(self, events: list[Event], wait: bool = True) -> list[bool]:
+    def append_many(self, events: list[Event]) -> list[bool]:
         now = node_seconds()
         added = []
         with self._tx() as db:
@@ -241,8 +266,6 @@ class Journal:
                 added.append(cur.rowcount == 1)
                 if cur.rowcount == 1 and ev.op == "DEL":
                     self._supersede(db, ev, now)
-        if wait:
-            self.flush()
         return added
 
     def _supersede(self, db: sqlite3.Connection, dele: Event, now: float) -> None:
@@ -317,12 +340,17 @@ class Journal:
         tombstone: tuple[tuple[str, str], list] | None = None,
         fence: tuple[str, str, list, list] | None = None,
         dirty: list[tuple[str, str]] | None = None,
+        lease: float = 0.0,
     ) -> None:
         """Mark an event handled and change the desired state, in one transaction.
 
         `dirty` claims are the ones whose status must be reconciled with the new
-        desired state; they stay marked until a reconcile succeeds, so a crash
-        between this commit and the apply loses nothing.
+        desired state; they stay marked until a reconcile that planned after this
+        commit succeeds, so a crash between this commit and the apply loses nothing.
+        `lease` (seconds): the calling thread reconciles these claims itself right
+        after the commit, so housekeeping leaves the marks alone for that long
+        instead of reading the same claim a second time; a mark that outlives the
+        lease (the thread died, or its reconcile failed) is retried by housekeeping.
         """
         now = node_seconds()
         with self._tx() as db:
@@ -339,7 +367,7 @@ class Journal:
                 db.execute("INSERT INTO fences(driver, network, stamp, valid, recorded) VALUES (?,?,?,?,?)",
                            (driver, network, json.dumps(stamp), json.dumps(valid), now))
             for ns, name in dirty or []:
-                db.execute("INSERT OR IGNORE INTO dirty(claim_namespace, claim_name) VALUES (?,?)", (ns, name))
+                _mark_dirty(db, ns, name, now + lease if lease else 0.0)
             if seq is not None:
                 db.execute("UPDATE events SET state=?, error=?, finished=? WHERE seq=?", (state, error, now, seq))
 
@@ -376,20 +404,21 @@ class Journal:
                 for net, stamp, valid in rows]
 
     def prune_order_marks(self, cutoff: float) -> int:
-        """Forget tombstones and GC fences recorded before `cutoff`, unless an event that
-        could still be older than them is pending (received up to `cutoff` + the horizon).
+        """Forget tombstones and GC fences recorded before `cutoff` that no pending event can
+        still need, and keep at most MAX_FENCES fences per driver and network in any case.
 
         The caller picks `cutoff` = min(now, last complete spool ingestion) minus
         limits.ORDER_HORIZON: by then any event stamped before the mark has reached
-        the journal (socket or spool), see docs/design.md "Order".
+        the journal (socket or spool), see docs/design.md "Order". A pending event
+        received within the horizon after a mark may be older than it, so that mark
+        stays; one event retried for hours holds back only the marks recorded before
+        it arrived, never the cap.
         """
         with self._tx() as db:
-            waiting = db.execute("SELECT COUNT(*) FROM events WHERE state='pending' AND received <= ?",
-                                 (cutoff + limits.ORDER_HORIZON,)).fetchone()[0]
-            if waiting:
-                return 0
-            n = db.execute("DELETE FROM tombstones WHERE recorded < ?", (cutoff,)).rowcount
-            n += db.execute("DELETE FROM fences WHERE recorded < ?", (cutoff,)).rowcount
+            oldest = db.execute("SELECT MIN(received) FROM events WHERE state='pending'").fetchone()[0]
+            keep_after = cutoff if oldest is None else min(cutoff, oldest - limits.ORDER_HORIZON)
+            n = db.execute("DELETE FROM tombstones WHERE recorded < ?", (keep_after,)).rowcount
+            n += db.execute("DELETE FROM fences WHERE recorded < ?", (keep_after,)).rowcount
             # A flood of GCs: keep the newest few per driver and network, whatever their age.
             n += db.execute(
                 "DELETE FROM fences WHERE id NOT IN (SELECT id FROM fences f WHERE"
@@ -411,10 +440,16 @@ class Journal:
     def next_dirty(self) -> float | None:
         return self._read("SELECT MIN(next_try) FROM dirty")[0][0]
 
+    def dirty_gen(self, ns: str, name: str) -> int:
+        """The generation of the claim's dirty mark (0: not marked); read before planning a reconcile."""
+        rows = self._read("SELECT gen FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))
+        return rows[0][0] if rows else 0
+
     def settle(self, ns: str, name: str, delete: list[tuple[str, str]], upsert: list[Attachment],
-               applied: str | None) -> None:
+               applied: str | None, gen: int | None = None) -> None:
         """After a successful reconcile, in one transaction: forget/move attachments, remember
-        the applied body's hash, and clear the claim's dirty mark."""
+        the applied body's hash, and clear the claim's dirty mark, unless it was marked again
+        after the reconcile read `gen` (dirty_gen): that change is not in what was applied."""
         now = node_seconds()
         with self._tx() as db:
             for key in delete:
@@ -423,15 +458,16 @@ class Journal:
                 self._put(db, att, now)
             if applied is not None:
                 db.execute("INSERT OR REPLACE INTO applied(claim, body_hash) VALUES (?,?)", (f"{ns}/{name}", applied))
-            db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))
+            _clear_dirty(db, ns, name, gen)
 
-    def clean(self, ns: str, name: str) -> None:
+    def clean(self, ns: str, name: str, gen: int | None = None) -> None:
+        """Clear the claim's dirty mark (only up to generation `gen`, when given)."""
         with self._tx() as db:
-            db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))
+            _clear_dirty(db, ns, name, gen)
 
     def retry_dirty(self, ns: str, name: str, next_try: float) -> None:
         with self._tx() as db:
-            db.execute("INSERT OR IGNORE INTO dirty(claim_namespace, claim_name) VALUES (?,?)", (ns, name))
+            db.execute("INSERT OR IGNORE INTO dirty(claim_namespace, claim_name, gen) VALUES (?,?,1)", (ns, name))
             db.execute("UPDATE dirty SET attempts=attempts+1, next_try=? WHERE claim_namespace=? AND claim_name=?",
                        (next_try, ns, name))
 
@@ -593,8 +629,6 @@ class _Tx:
                     pass
             self._end(end_exc)
             raise
-        if not exc_type:
-            self.journal._sync.committed()
         self._end(exc if isinstance(exc, sqlite3.Error) else None)
 
     def _end(self, exc: BaseException | None) -> None:
@@ -609,3 +643,27 @@ def _boot_row(db: sqlite3.Connection, boot_id: str) -> int:
     """The boots row of `boot_id`, inserted with the next sequence number when new."""
     db.execute("INSERT OR IGNORE INTO boots(boot_id, first_seen) VALUES (?,?)", (boot_id, time.time()))
     return db.execute("SELECT seq FROM boots WHERE boot_id=?", (boot_id,)).fetchone()[0]
+
+
+def stamp_boot(raw: str) -> str:
+    """The boot id of a stored stamp ('' for a legacy one or one that does not parse)."""
+    try:
+        stamp = json.loads(raw) if raw else None
+    except ValueError:
+        return ""
+    return stamp[0] if isinstance(stamp, list) and stamp and isinstance(stamp[0], str) else ""
+
+
+def _mark_dirty(db: sqlite3.Connection, ns: str, name: str, next_try: float) -> None:
+    """Mark a claim to reconcile, with a new generation: a reconcile that planned with an older
+    generation must not clear the mark (Journal.settle), the change came after its plan."""
+    db.execute("INSERT INTO dirty(claim_namespace, claim_name, next_try, gen) VALUES (?,?,?,1)"
+               " ON CONFLICT(claim_namespace, claim_name) DO UPDATE SET gen=gen+1,"
+               " next_try=excluded.next_try", (ns, name, next_try))
+
+
+def _clear_dirty(db: sqlite3.Connection, ns: str, name: str, gen: int | None) -> None:
+    if gen is None:
+        db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))
+    else:
+        db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=? AND gen<=?", (ns, name, gen))

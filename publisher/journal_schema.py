@@ -86,7 +86,10 @@ CREATE TABLE IF NOT EXISTS boots (
 # Columns added after the first release: (table, column, declaration) for journals written before.
 MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),
               ("attachments", "request", "TEXT NOT NULL DEFAULT ''"),
-              ("attachments", "added", "TEXT NOT NULL DEFAULT ''"))
+              ("attachments", "added", "TEXT NOT NULL DEFAULT ''"),
+              # Generation of a dirty mark: bumped by every change, so a reconcile clears only
+              # the marks it planned with (Journal.settle).
+              ("dirty", "gen", "INTEGER NOT NULL DEFAULT 0"))
 # Facts about the journal itself; `boot_id` names the boot whose CLOCK_BOOTTIME the stored
 # times (received, next_try, finished, recorded, updated) were taken on.
 META_SCHEMA = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"

@@ -28,6 +28,7 @@ MAX_CONDITION_TYPE = 316
 DONE_RETENTION = 24 * 3600.0  # seconds finished events are kept (their ids drop duplicates)
 ORDER_HORIZON = 600.0  # seconds after which no event stamped before a tombstone/fence can still arrive
 MAX_FENCES = 16  # GC fences kept per driver and network, whatever their age
+DIRTY_LEASE = 30.0  # seconds housekeeping leaves a claim alone that the committing thread reconciles itself
 CLAIM_STATE_RETENTION = 3600.0  # seconds an untracked claim's state stays in `status`
 STATUS_MAX_CLAIMS = 500  # claims listed by `status` (errors first): one frame stays small
 CREDENTIALS_RELOAD = 60.0  # seconds between re-reads of the kubeconfig / projected token
@@ -42,6 +43,21 @@ MAX_GONE_PODS = 4096  # deleted pods the pod watch remembers (a late DEL still k
 # minute, so a read that waits WATCH_SILENCE seconds without one means the connection is dead.
 WATCH_RENEW = (1800, 3600)
 WATCH_SILENCE = 300.0
+# An API server restart breaks every node's watches at the same instant. As client-go's reflector does,
+# publisher/listwatch.py then waits a random time in [0, window] before each relist (full jitter, so 5,000
+# nodes do not come back in lockstep); the window starts at WATCH_BACKOFF_BASE and doubles per failure up
+# to WATCH_BACKOFF_CAP. Only a watch that lived WATCH_BACKOFF_RESET seconds resets it (a good LIST does
+# not: a WATCH refused after each LIST would otherwise cost a LIST per second), and a watch that ends within
+# WATCH_TOO_SHORT seconds without any event is a failure (else a proxy ending streams makes a tight loop).
+WATCH_BACKOFF_BASE = 0.8
+WATCH_BACKOFF_CAP = 30.0
+WATCH_BACKOFF_RESET = 120.0
+WATCH_TOO_SHORT = 1.0
+RETRY_AFTER_MAX = 300.0  # an API server's Retry-After (429, 503) is a floor for the next try, up to this
+# Client-side rate limit of each process's API requests (a token bucket, publisher/ratelimit.py): client-go's
+# defaults. A watch counts once, when it is opened. A burst of pod starts beyond it waits for tokens.
+API_QPS = 5.0
+API_BURST = 10
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -99,6 +99,11 @@ class Metrics:
         self.events_ignored = Counter(
             "netclaim_events_ignored_total", "Events that need no publishing and are no failure, by reason",
             ["reason"], registry=r)
+        # The boot rule (publisher/journal.py): attachments of sandboxes of an earlier boot, removed at
+        # the first start of a boot; their events arriving later count as events_ignored{earlier_boot}.
+        self.boot_retired = Counter(
+            "netclaim_boot_retired_attachments_total",
+            "Attachments of an earlier boot's sandboxes removed at the first start of this boot", registry=r)
         # publisher/unchained.py: claimed pods of netclaim's drivers running with no ADD seen (started while
         # netclaim was not in the CNI chain); each also gets a NetclaimNotChained Warning Event.
         self.pods_unchained = Gauge(

@@ -6,7 +6,7 @@ attachments of that claim that are still live, and applies their entries in
 one server-side apply (publisher/writer.py). ADD, DEL, CHECK, GC, resync and
 start-up all end here, so there is one apply path with one error policy:
 
-- transient (no answer, 429, 5xx, 401): raised to the caller, who leaves the
+- transient (no answer, 429, 5xx, 401, 403): raised to the caller, who leaves the
   claim marked dirty in the journal and retries it with backoff;
 - 404: the claim is gone, its attachments are forgotten;
 - other 4xx: reported (claim state `error`, Warning `ApplyRejected`), not
@@ -16,8 +16,10 @@ An attachment is shown only while (see docs/design.md "Desired state"):
 the claim has the UID it was resolved against, is allocated to this node,
 still lists the attachment's device in its allocation results, and reserves
 it for the attachment's pod UID; and the pod exists. A pod that is gone or a
-claim that was recreated drops the attachment from the journal for good; the
-other conditions only hide it (a later allocation may show it again). When
+claim that was recreated drops the attachment from the journal for good, shown
+or hidden (a hidden row of a deleted pod would otherwise cost a claim GET per
+safety-net pass forever); the other conditions only hide it (a later
+allocation may show it again). When
 the claim is allocated again, to this node and for the same pod, but with
 other devices, the device is chosen again by the resolver's rule
 (publisher/resolver.py choose_device) and the attachment moves to it.
@@ -127,14 +129,20 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
         if why.endswith(DEVICE_GONE):
             homeless.append(att)
         elif why:
-            out.hidden.append((att, why))
+            if not pod_alive(att):
+                out.dropped.append((att, f"pod {att.pod_namespace}/{att.pod_name} is gone"))
+            else:
+                out.hidden.append((att, why))
         else:
             live.append(att)
     for att in homeless:  # reallocated with other devices: choose again, as for a new ADD
         others = {a.device_key for a in live if (a.pod_namespace, a.pod_name) != (att.pod_namespace, att.pod_name)}
         moved = rechoose(att, claim, others)
         if moved is None:
-            out.hidden.append((att, f"device {att.pool}/{att.device} {DEVICE_GONE}"))
+            if not pod_alive(att):
+                out.dropped.append((att, f"pod {att.pod_namespace}/{att.pod_name} is gone"))
+            else:
+                out.hidden.append((att, f"device {att.pool}/{att.device} {DEVICE_GONE}"))
             continue
         out.moved.append(moved)
         live.append(moved)
@@ -258,11 +266,12 @@ class Reconciler:
                     self._gone(ns, name, exc.message, trigger)
                     self.verified(key)
                     return False
+            gen = self.journal.dirty_gen(ns, name)  # a mark made after this read outlives the reconcile
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
             desired = plan(claim, atts, self.node, self._pod_alive, self.order)
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):
-                self.journal.clean(ns, name)
+                self.journal.clean(ns, name, gen)
                 self.verified(key)
                 return False
             if self.windows is not None:
@@ -278,7 +287,7 @@ class Reconciler:
                 isolated = self._isolate(ns, name, claim, desired, exc, trigger)
                 if isolated is None:
                     self._rejected[key] = (body_hash(desired.entries), rv)
-                    self._refused(key, desired, exc, trigger)
+                    self._refused(key, desired, exc, trigger, gen=gen)
                     self.verified(key)
                     return False
                 desired, wrote = isolated, True
@@ -286,7 +295,7 @@ class Reconciler:
             # The state is told before the journal calls the claim clean: a status read in
             # between must not show a quiescent publisher with the claim still pending.
             self.report.claim_state(key, "published", "", [f"{a.pool}/{a.device}" for a in desired.shown])
-            self._commit(ns, name, desired, self.writer.last_digest(key) if wrote else None)
+            self._commit(ns, name, desired, self.writer.last_digest(key) if wrote else None, gen)
             self.verified(key)
             if self.windows is not None:
                 self.windows.settled(key, desired.entries, claim, self.writer.answered(key) if wrote else rv)
@@ -323,7 +332,7 @@ class Reconciler:
                            dropped=desired.dropped, moved=desired.moved)
         return None
 
-    def _commit(self, ns: str, name: str, desired: Desired, applied: str | None) -> None:
+    def _commit(self, ns: str, name: str, desired: Desired, applied: str | None, gen: int) -> None:
         """One journal transaction: dropped and moved attachments, the applied hash, not dirty any more."""
         for att, why in desired.dropped:
             self.log.info("attachment dropped", extra={"reason": why, "claim": f"{ns}/{name}",
@@ -331,7 +340,7 @@ class Reconciler:
         with self.journal.atomically():  # an event committed since the plan wins over it
             dropped = {a.key for a, _ in desired.dropped if self._as_planned(a)}
             moved = [a for a in desired.moved if a.key not in dropped and self._as_planned(a)]
-            self.journal.settle(ns, name, sorted(dropped), moved, applied)
+            self.journal.settle(ns, name, sorted(dropped), moved, applied, gen)
 
     def _as_planned(self, att: Attachment) -> bool:
         """Whether the journal still holds the attachment this reconcile planned with: a DEL,
@@ -349,7 +358,7 @@ class Reconciler:
         self.log.warning("claim is gone, its attachments are forgotten", extra=event_fields(trigger, key))
 
     def _refused(self, key: str, desired: Desired, exc: PermanentError, trigger: Event | None,
-                 keep_state: bool = False) -> None:
+                 keep_state: bool = False, gen: int | None = None) -> None:
         ns, _, name = key.partition("/")
         self.metrics.apply_errors.labels(str(exc.code)).inc()
         if keep_state:
@@ -360,4 +369,5 @@ class Reconciler:
         uid = next((a.claim_uid for a in desired.shown if a.claim_uid), "")
         self.report.warn_claim(key, uid, "ApplyRejected",
                                f"apply of this node's entries rejected ({exc.code}): {exc.message}", trigger)
-        self.journal.clean(ns, name)
+        if not keep_state:  # a partial refusal: the caller settles the claim with what was applied
+            self.journal.clean(ns, name, gen)

@@ -263,6 +263,12 @@ class Resolver:
                 gone = gone or self.pods.gone(namespace, name, uid)
                 if gone is not None and gone.claimless:
                     raise NotOurs(f"pod {namespace}/{name} had no ResourceClaim (deleted)")
+                if gone is not None and uid and gone.uid == uid:
+                    # That very pod was deleted before its ADD was handled (a backlog): its
+                    # entry would be dropped at once, and a GET per retry would only end in a
+                    # Warning about a pod that no longer exists.
+                    raise NotOurs(f"pod {namespace}/{name} was deleted before its ADD was handled",
+                                  reason="pod_deleted")
             elif _claim_names(info, f"{namespace}/{name}"):
                 return info.uid, list(info.claims)
         try:

@@ -11,6 +11,7 @@ are ranked by the boot order (publisher/order.py), never by wall clock:
 | DEL   | leaves a tombstone; removes the attachment if it is older than the DEL |
 | CHECK | updates the Ready condition (and result) of a known, older attachment; an unknown one with a result is an ADD, unless a DEL removed it |
 | GC    | removes the driver/network's attachments older than the GC that it does not list; leaves a fence so a late ADD older than the GC is ignored |
+| any verb of an earlier boot | nothing: that boot's sandboxes died with it, and the journal retired their attachments at the first start of this boot (Journal._retire_earlier_boots) |
 
 Each rule commits its change and marks the claims it touches dirty in one
 journal transaction, then asks the reconciler (publisher/reconciler.py, the
@@ -30,7 +31,7 @@ from typing import Any, Callable
 
 from cni_plugin.wire import Event
 
-from . import logs
+from . import limits, logs
 from .clock import node_seconds
 from .journal import Attachment, Journal, Pending
 from .order import BootOrder
@@ -92,8 +93,26 @@ class Rules:
         self.log = logs.get()
 
     def process(self, p: Pending) -> None:
+        if self._earlier_boot(p):
+            return
         handler = {"ADD": self.add, "DEL": self.delete, "CHECK": self.check, "GC": self.gc}[p.event.op]
         handler(p)
+
+    def _earlier_boot(self, p: Pending) -> bool:
+        """An event stamped in an earlier boot (or before stamps existed) changes nothing.
+
+        Its sandbox died with that boot: an ADD or CHECK must not bring its IP/MAC
+        back, and a DEL or GC has nothing left to remove (the boot rule did it).
+        Events of earlier boots arrive late by nature: spooled before a crash, or
+        replayed from a journal whose last commits a power loss kept.
+        """
+        boot = self.order.boot_id
+        if not boot or p.event.order[0] == boot:
+            return False
+        self.journal.finish(p.seq, "done", "sandbox of an earlier boot")
+        self.metrics.events_ignored.labels("earlier_boot").inc()
+        self.log.info("event of an earlier boot ignored", extra=event_fields(p.event))
+        return True
 
     # ------------------------------------------------------------ verbs
 
@@ -133,7 +152,7 @@ class Rules:
             if self._stale(p, current):
                 return None
             dirty = self._add_dirty(target, before, current)
-            self.journal.finish(p.seq, "done", "", upsert=[att], dirty=dirty)
+            self.journal.finish(p.seq, "done", "", upsert=[att], dirty=dirty, lease=limits.DIRTY_LEASE)
             return dirty, self.reconciler.changes.record([target.claim_key], read_at)
 
     @staticmethod
@@ -160,7 +179,8 @@ class Rules:
                 return
             dirty = [(current.claim_namespace, current.claim_name)]
             self.journal.finish(p.seq, "done", "", delete=[current.key],
-                                tombstone=(ev.attachment, ev.order) if newer_tomb else None, dirty=dirty)
+                                tombstone=(ev.attachment, ev.order) if newer_tomb else None, dirty=dirty,
+                                lease=limits.DIRTY_LEASE)
         self._reconcile(dirty, ev)
 
     def check(self, p: Pending) -> None:
@@ -194,7 +214,7 @@ class Rules:
         if ev.result:
             current.result_hash = result_hash(ev)
         dirty = [(current.claim_namespace, current.claim_name)]
-        self.journal.finish(p.seq, "done", "", upsert=[current], dirty=dirty)
+        self.journal.finish(p.seq, "done", "", upsert=[current], dirty=dirty, lease=limits.DIRTY_LEASE)
         return dirty
 
     def gc(self, p: Pending) -> None:
@@ -204,7 +224,7 @@ class Rules:
             dirty = sorted({(a.claim_namespace, a.claim_name) for a in victims})
             self.journal.finish(p.seq, "done", f"removed {len(victims)}", delete=[a.key for a in victims],
                                 fence=(ev.driver, ev.network, ev.order, list(ev.valid_attachments or [])),
-                                dirty=dirty)
+                                dirty=dirty, lease=limits.DIRTY_LEASE)
         if victims:
             self.log.info("GC removes attachments added before it and not in the runtime's valid list",
                           extra={"containerIDs": sorted({a.container_id for a in victims}), "claims": len(dirty)})

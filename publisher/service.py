@@ -63,6 +63,7 @@ class Settings:
     emit_events: bool = True
     driver_names: tuple[str, ...] = ()  # netclaim's drivers: pods started while unchained are reported
     unchained_grace: float = 30.0
+    durable_commits: bool = False  # fsync every journal commit (publisher/durability.py decides)
 
 
 class Service:
@@ -74,7 +75,9 @@ class Service:
         self.stopping = threading.Event()
         self.health = Health()
         self.journal = Journal(settings.state_dir, on_fault=lambda why: self.health.fault("journal", why),
-                               on_recover=lambda: self.health.clear("journal"))
+                               on_recover=lambda: self.health.clear("journal"),
+                               durable_commits=settings.durable_commits)
+        metrics.boot_retired.inc(self.journal.retired_attachments)
         self.health.checks.append(self.journal.wedged)
         self.events = EventRecorder(kube, settings.node_name, lambda result: metrics.k8s_events.labels(result).inc(),
                                     enabled=settings.emit_events)

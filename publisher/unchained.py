@@ -16,7 +16,10 @@ gets one Warning Event (reason NetclaimNotChained) and counts in
 netclaim_pods_unchained (now) and netclaim_pods_unchained_reported_total (ever).
 
 When: a grace period (`grace`, default 30 s) after the pod is first seen
-Running (or after the publisher started, for pods that ran before it): the
+Running (or after the publisher started, for pods that ran before it). A pod
+the API still shows Running with containers started before this boot is not
+judged at all until the kubelet has run it again in this boot (the boot rule
+retired its attachments, and its new sandbox's ADD may take minutes): the
 ADD precedes Running (the sandbox's network comes before its containers), and
 an ADD spooled while the publisher was down is ingested within seconds. While
 the journal holds a pending event received before the pod's grace ended, the
@@ -35,7 +38,9 @@ EVENTS_PER_MINUTE Events a minute (beyond that, the pod is counted and logged).
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
+from datetime import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -101,6 +106,27 @@ def claim_is_ours(claim: dict[str, Any], drivers: frozenset[str], pod_uid: str) 
     return ours, reserved, published
 
 
+def boot_wall_time() -> float:
+    """Wall-clock seconds at which this boot began (the wall clock now minus CLOCK_BOOTTIME)."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def started_before_this_boot(pod: dict[str, Any], boot_wall: float | None = None) -> bool:
+    """Whether the pod's latest running container started before this boot: stale status."""
+    latest = None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+        try:
+            at = datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp() if started else None
+        except ValueError:
+            at = None
+        if at is not None and (latest is None or at > latest):
+            latest = at
+    if latest is None:
+        return False
+    return latest < (boot_wall_time() if boot_wall is None else boot_wall)
+
+
 class UnchainedPods:
     """Fed by the pod watch (`observe`) and the workers (`saw_add`); `run()` judges the due pods."""
 
@@ -140,6 +166,8 @@ class UnchainedPods:
                 self._forget(uid)
             return
         uid = (pod.get("metadata") or {}).get("uid", "")
+        if started_before_this_boot(pod):
+            return  # its sandbox died with the last boot: judged once the kubelet runs it again
         with self._lock:
             if not uid or uid in self._tracked or uid in self._judged:
                 return

@@ -162,6 +162,7 @@ class Publisher:
     extra: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     port: int = 0
+    prefix: list[str] = field(default_factory=list)  # e.g. in_boot(): run as if in another boot
 
     @property
     def socket(self) -> str:
@@ -181,7 +182,7 @@ class Publisher:
 
     def start(self, wait: bool = True) -> "Publisher":
         self.port = free_port()
-        cmd = [str(BIN / "netclaim-publisher"), "run", "--node-name", self.node, "--kubeconfig", self.kubeconfig,
+        cmd = [*self.prefix, str(BIN / "netclaim-publisher"), "run", "--node-name", self.node, "--kubeconfig", self.kubeconfig,
                "--socket", self.socket, "--state-dir", self.state, "--spool-dir", self.spool,
                "--metrics-address", f"127.0.0.1:{self.port}", *self.extra]
         log = open(self.log_path, "ab")
@@ -250,6 +251,19 @@ class Publisher:
     def status(self, brief: bool = False) -> dict[str, Any]:
         """The publisher's status; `brief`: only the counters (journal, spool, dirty claims, resync)."""
         return request(self.socket, {"kind": "status", "brief": brief})["status"]
+
+
+def in_boot(workdir: Path, boot_id: str) -> list[str]:
+    """A command prefix that runs a program as if the node were in boot `boot_id`.
+
+    The program gets a private mount namespace in which the kernel's boot id file
+    is replaced by one naming `boot_id` (bind mount): the publisher and the plugin
+    read nothing else to tell boots apart. Needs root (the suite runs as root).
+    """
+    boot_file = workdir / f"boot_id-{boot_id}"
+    boot_file.write_text(boot_id + "\n")
+    script = f'mount --bind {boot_file} /proc/sys/kernel/random/boot_id && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
 
 
 def request(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
