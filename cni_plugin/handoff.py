@@ -1,9 +1,13 @@
 """Hand an event to the publisher: socket + ack, else the spool dir.
 
 The pod never waits on the API server, but the event must not be lost, so
-"handed off" means one of two durable states: the publisher acknowledged it
-(it is in its journal) or it is fsynced in the spool dir, which the publisher
-replays. `ackTimeoutMs` is ONE budget for connect + send + ack together: every
+"handed off" means one of two states: the publisher acknowledged it (it is
+committed to its journal) or it is in the spool dir, written whole and renamed
+into place, which the publisher replays. Neither waits for an fsync: what an
+OS crash can take from either belongs to sandboxes the same crash destroyed
+(docs/plugin.md, "The spool writes no fsync").
+
+`ackTimeoutMs` is ONE budget for connect + send + ack together: every
 socket call gets only what is left of it, so a publisher that trickles its
 reply cannot stretch RunPodSandbox by a timeout per call.
 

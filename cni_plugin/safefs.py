@@ -16,7 +16,9 @@ with the caller's mode), and every directory on the way must be *trusted*:
 Anything else raises UnsafePath (an OSError), which the callers treat like any
 other unusable directory. Files are created O_EXCL|O_NOFOLLOW relative to the
 opened directory, written completely (a short write is retried, never
-ignored), fsynced and renamed into place; a failed write removes its temp file.
+ignored), fsynced (unless the caller says a crash may lose the file: spooled
+events, docs/plugin.md) and renamed into place; a failed write removes its
+temp file.
 
 This module is on the plugin's hot path: standard library only, nothing at import.
 """
@@ -126,11 +128,13 @@ def temp_name(name: str) -> str:
     return f"{name}.{os.getpid()}{TMP_SUFFIX}"
 
 
-def write_file_at(dir_fd: int, name: str, data: bytes) -> None:
-    """Durably replace `name` in the directory: temp file, full write, fsync, rename, fsync the dir.
+def write_file_at(dir_fd: int, name: str, data: bytes, *, sync: bool = True) -> None:
+    """Replace `name` in the directory: temp file, full write, fsync, rename, fsync the dir.
 
     On any failure the temp file is removed: nothing half-written is ever
-    renamed into place or left behind.
+    renamed into place or left behind. `sync=False` leaves out both fsyncs:
+    readers still see the old file or the whole new one, and only an OS crash
+    (not a crash of this process) can lose or tear the file.
     """
     tmp = temp_name(name)
     try:
@@ -141,7 +145,8 @@ def write_file_at(dir_fd: int, name: str, data: bytes) -> None:
     try:
         try:
             write_all(fd, data)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -151,7 +156,8 @@ def write_file_at(dir_fd: int, name: str, data: bytes) -> None:
         except OSError:
             pass
         raise
-    os.fsync(dir_fd)
+    if sync:
+        os.fsync(dir_fd)
 
 
 def stale_temp(name: str) -> bool:
@@ -161,11 +167,15 @@ def stale_temp(name: str) -> bool:
     pid = name[:-len(TMP_SUFFIX)].rpartition(".")[2]
     if not pid.isdigit():
         return False
-    pid_number = int(pid)
-    if pid_number == os.getpid():
+    if int(pid) == os.getpid():
         return True  # ours from an earlier run of a reused pid: this run has not made one yet
+    return pid_gone(int(pid))
+
+
+def pid_gone(pid: int) -> bool:
+    """No process has this pid (kill(pid, 0) says ESRCH); a process we may not signal is alive."""
     try:
-        os.kill(pid_number, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except OSError:

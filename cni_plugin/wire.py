@@ -22,6 +22,17 @@ Replies (publisher -> client):
     {"ok": true, "id": "<event id>"}      event committed to the journal
     {"ok": false, "error": "..."}         rejected; the client may spool it
     {"ok": true, "status": {...}}         answer to a status request
+
+Growing the format (docs/publisher.md "Versions, rollout and downgrades"): a
+publisher ignores event fields it does not know (and tells the hook set with
+`on_unknown_fields`, so it can log and count them), so a new optional field
+needs no new version. A version is for a change an older publisher must not
+read as if it knew it: the publisher reads versions 1..WIRE_VERSION_MAX and
+refuses a higher one as NewerVersion, which is not malformed (the plugin
+spools it; a spooled one is kept for a newer publisher, never quarantined).
+Publishers roll out first: WIRE_VERSION_MAX is raised one release before the
+plugin's WIRE_VERSION, and a new field is sent only once every supported
+publisher ignores or reads it.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from .safefs import (
     NEW_FILE,
     TMP_SUFFIX,
     open_private_dir,
+    pid_gone,
     read_at,
     stale_temp,
     temp_name,
@@ -44,7 +56,16 @@ from .safefs import (
 from .record import REQUIRED as _REQUIRED
 from .record import Record as _Record
 
-PROTOCOL_VERSION = 1
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
+# What this plugin writes into every event: the newest version every supported publisher reads.
+WIRE_VERSION = 1
+# The newest version this publisher reads. Nothing has needed a version 2 yet: fields added
+# since version 1 are optional and ignored by publishers that do not know them.
+WIRE_VERSION_MAX = 1
+PROTOCOL_VERSION = WIRE_VERSION  # the name `--version` and netclaim_build_info show
 # One event, encoded, on either channel. The API keeps at most ~10 KiB of it
 # (`data` <= 10240 bytes, 16 IPs); a real result - even 16 interfaces, 64 IPs
 # and hundreds of routes - is tens of KiB. 256 KiB leaves ample room for that
@@ -65,6 +86,26 @@ SPOOL_SUFFIX = ".event.json"
 
 class WireError(ValueError):
     """A frame or event that does not follow this format."""
+
+
+class NewerVersion(WireError):
+    """An event of a wire version above WIRE_VERSION_MAX: a newer plugin's, not a malformed one.
+
+    A newer publisher reads it, so it must survive: the socket refuses it (the
+    plugin spools it) and the spool keeps it (publisher/intake.py).
+    """
+
+
+_UNKNOWN_FIELDS_HOOK: list = []  # [hook] once the publisher set one; the plugin never does
+
+
+def on_unknown_fields(hook: Callable[[list[str]], None] | None) -> None:
+    """Call `hook(names)` for every event that parsed with fields this code does not know.
+
+    Names of `pod`'s fields are given as "pod.<name>". The publisher logs and
+    counts them (publisher/intake.py); None removes the hook.
+    """
+    _UNKNOWN_FIELDS_HOOK[:] = [hook] if hook is not None else []
 
 
 class PodRef(_Record):
@@ -101,8 +142,9 @@ def new_order() -> list:
     Stamped once, when the plugin creates the event; the socket and the spool
     carry the same stamp. CLOCK_BOOTTIME never goes back within a boot (and
     counts suspend), so it orders events of one boot even when the wall clock
-    is stepped; the boot id tells whether two stamps share that clock. Across
-    boots only the wall clock can order them.
+    is stepped; the boot id tells whether two stamps share that clock. Stamps
+    of different boots are never ordered by wall clock: the publisher's boot
+    rule makes every event of an earlier boot a no-op (publisher/order.py).
     """
     return [_boot_id(), time.clock_gettime_ns(time.CLOCK_BOOTTIME), time.time_ns()]
 
@@ -112,15 +154,14 @@ def legacy_order(timestamp: float) -> list:
     return ["", 0, int(timestamp * 1e9)]
 
 
-def order_before(a: list, b: list) -> bool:
-    """True when stamp `a` happened before stamp `b` (see new_order).
-
-    Same boot: CLOCK_BOOTTIME, ties broken by the wall clock. Different or
-    unknown boots: the wall clock, ties broken by CLOCK_BOOTTIME.
-    """
-    if a[0] and a[0] == b[0]:
-        return (a[1], a[2]) < (b[1], b[2])
-    return (a[2], a[1]) < (b[2], b[1])
+def _check_version(version: object) -> None:
+    """WireError unless a positive integer; NewerVersion above WIRE_VERSION_MAX."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise WireError(f"event field 'version' must be a positive integer, not {version!r}")
+    if version > WIRE_VERSION_MAX:
+        raise NewerVersion(f"event of wire version {version} is newer than this publisher reads "
+                           f"(1..{WIRE_VERSION_MAX}): the plugin is newer than the publisher; upgrade the publisher "
+                           "(publishers roll out first)")
 
 
 def _valid_order(value: object) -> bool:
@@ -156,7 +197,7 @@ class Event(_Record):
         "cni_version": "",
         "timestamp": 0.0,
         "event_id": "",
-        "version": PROTOCOL_VERSION,
+        "version": WIRE_VERSION,
         "order": None,
     }
     __slots__ = tuple(FIELDS)
@@ -175,7 +216,7 @@ class Event(_Record):
     cni_version: str
     timestamp: float
     event_id: str
-    version: int
+    version: int  # as sent: 1..WIRE_VERSION_MAX
     order: list | None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -198,14 +239,19 @@ class Event(_Record):
 
     @classmethod
     def from_dict(cls, data: object) -> "Event":
-        """Build an Event from decoded JSON, rejecting anything malformed."""
+        """Build an Event from decoded JSON: WireError when malformed, NewerVersion when newer.
+
+        The version is judged first: a newer format may change any other field,
+        and such an event must not be quarantined as malformed for it. Fields
+        this code does not know are left out of the Event and told to the hook
+        (on_unknown_fields) once the event has parsed.
+        """
         if not isinstance(data, dict):
             raise WireError("event must be a JSON object")
         if too_deep(data, MAX_JSON_DEPTH):
             raise WireError(f"event is nested more than {MAX_JSON_DEPTH} levels deep")
-        unknown = sorted(set(data) - set(cls.FIELDS))
-        if unknown:
-            raise WireError(f"unknown event fields: {', '.join(unknown)}")
+        _check_version(data.get("version", WIRE_VERSION))
+        unknown = [name for name in data if name not in cls.FIELDS]
         for name in ("op", "container_id", "ifname", "driver"):
             if not isinstance(data.get(name), str) or not data.get(name):
                 raise WireError(f"event field {name!r} must be a non-empty string")
@@ -216,12 +262,10 @@ class Event(_Record):
                 raise WireError(f"event field {name!r} must be a string")
         pod = data.get("pod")
         if pod is not None:
-            if (
-                not isinstance(pod, dict)
-                or set(pod) - {"namespace", "name", "uid"}
-                or not all(isinstance(pod.get(k, ""), str) for k in ("namespace", "name", "uid"))
-            ):
+            if not isinstance(pod, dict) or not all(
+                    isinstance(pod.get(k, ""), str) for k in ("namespace", "name", "uid")):
                 raise WireError("event field 'pod' must be {namespace, name, uid} strings")
+            unknown += [f"pod.{k}" for k in pod if k not in PodRef.FIELDS]
             pod = PodRef(pod.get("namespace", ""), pod.get("name", ""), pod.get("uid", ""))
         result = data.get("result")
         if result is not None and not isinstance(result, dict):
@@ -238,18 +282,18 @@ class Event(_Record):
         ts = data.get("timestamp", 0.0)
         if not isinstance(ts, (int, float)) or isinstance(ts, bool):
             raise WireError("event field 'timestamp' must be a number")
-        version = data.get("version", PROTOCOL_VERSION)
-        if version != PROTOCOL_VERSION:
-            raise WireError(f"unsupported wire version {version!r}")
         order = data.get("order")
         if order is not None and not _valid_order(order):
             raise WireError("event field 'order' must be [boot id, boottime ns, wall ns]")
-        fields = dict(data)
+        fields = {name: data[name] for name in cls.FIELDS if name in data}
         fields["pod"] = pod
         fields["timestamp"] = float(ts)
         # An event journaled or spooled before stamps existed is ordered by its timestamp.
         fields["order"] = list(order) if order else legacy_order(float(ts) or time.time())
-        return cls(**fields)
+        event = cls(**fields)
+        if unknown and _UNKNOWN_FIELDS_HOOK:
+            _UNKNOWN_FIELDS_HOOK[0](sorted(unknown))
+        return event
 
     @property
     def has_pod_identity(self) -> bool:
@@ -346,6 +390,12 @@ def event_request(event: Event) -> dict:
 # The directory is opened component by component without following links
 # (cni_plugin/safefs.py) and chmod-ed through that fd only. Temp files count
 # against the caps while their writer lives; those of dead writers are removed.
+#
+# An event file is written completely to a temp file and renamed into place, so
+# a reader never sees half an event, but nothing is fsynced (not the file, not
+# the directory): only an OS crash or power loss can lose or tear it, and that
+# crash destroyed the sandbox the event is about. The publisher drops the torn
+# files of earlier boots without alarm (publisher/intake.py).
 
 DEFAULT_SPOOL_MAX_FILES = 1024
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
@@ -391,7 +441,7 @@ def spool_usage(dir_fd: int) -> tuple[int, int]:
 
 def write_spool(spool_dir: str, event: Event, max_files: int = DEFAULT_SPOOL_MAX_FILES,
                 max_bytes: int = DEFAULT_SPOOL_MAX_BYTES, data: bytes | None = None) -> str:
-    """Write one event durably (0600 file in a 0700 dir); returns the final path.
+    """Write one event whole (0600 file in a 0700 dir, temp file + rename, no fsync); returns its path.
 
     `data` is the event as encode_event made it (encoded here when None).
     Raises EventTooLarge over MAX_EVENT_BYTES, SpoolFull (after counting the
@@ -409,7 +459,7 @@ def write_spool(spool_dir: str, event: Event, max_files: int = DEFAULT_SPOOL_MAX
             record_overflow(dfd, event.op)
             raise SpoolFull(_ENOSPC, f"spool is full ({count} files, {size} bytes; caps {max_files}, {max_bytes})")
         name = spool_name(event)
-        write_file_at(dfd, name, data)
+        write_file_at(dfd, name, data, sync=False)  # no fsync: see the comment above DEFAULT_SPOOL_MAX_FILES
     finally:
         os.close(dfd)
     return os.path.join(spool_dir, name)
@@ -544,11 +594,17 @@ def read_overflow(spool_dir: str) -> dict | None:
         os.close(fd)
 
 
+_TAKEN_PREFIX = f"{OVERFLOW_NAME}.taken."
+
+
 def take_overflow(spool_dir: str) -> dict | None:
     """Atomically take the marker away (rename under the lock) and return it, or None.
 
     Drops counted after this call start a new marker, so none is lost or
     counted twice between the publisher's report and the plugins' updates.
+    The taken copy (`overflow.taken.<pid>`) is read and removed under the same
+    lock, so one found there was left by a taker that died between its rename
+    and its unlink: when that pid is gone its count is added to this take.
     """
     import fcntl
 
@@ -556,21 +612,47 @@ def take_overflow(spool_dir: str) -> dict | None:
         fd = os.open(spool_dir, _DIR_FLAGS)
     except OSError:
         return None
-    taken = f"{OVERFLOW_NAME}.taken.{os.getpid()}"
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            os.rename(OVERFLOW_NAME, taken, src_dir_fd=fd, dst_dir_fd=fd)
-        except FileNotFoundError:
-            return None
+            markers = [_take_at(fd, name) for name in sorted(os.listdir(fd))
+                       if name.startswith(_TAKEN_PREFIX) and _taker_gone(name)]
+            taken = f"{_TAKEN_PREFIX}{os.getpid()}"
+            try:
+                os.rename(OVERFLOW_NAME, taken, src_dir_fd=fd, dst_dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            else:
+                markers.append(_take_at(fd, taken))
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
-        try:
-            return _parse_overflow(read_at(fd, taken, _MARKER_LIMIT))
-        finally:
-            os.unlink(taken, dir_fd=fd)
     finally:
         os.close(fd)
+    return _merge_markers([m for m in markers if m])
+
+
+def _taker_gone(name: str) -> bool:
+    """Is the publisher that took `overflow.taken.<pid>` gone (or this very process)?"""
+    pid = name[len(_TAKEN_PREFIX):]
+    return pid.isdigit() and (int(pid) == os.getpid() or pid_gone(int(pid)))
+
+
+def _take_at(dir_fd: int, name: str) -> dict | None:
+    """Read a taken marker and remove it (a corrupt one too: there is no count to save)."""
+    try:
+        return _parse_overflow(read_at(dir_fd, name, _MARKER_LIMIT))
+    finally:
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def _merge_markers(markers: list[dict]) -> dict | None:
+    """One marker for several takes: drops added, the first and last drop of them all."""
+    if not markers:
+        return None
+    last = max(markers, key=lambda m: m["lastDroppedAt"])
+    return {"dropped": sum(m["dropped"] for m in markers),
+            "firstDroppedAt": min(m["firstDroppedAt"] for m in markers),
+            "lastDroppedAt": last["lastDroppedAt"], "lastCommand": last["lastCommand"]}
 
 
 __all__ = [
@@ -582,8 +664,11 @@ __all__ = [
     "MAX_FRAME",
     "MAX_JSON_DEPTH",
     "MAX_REPLY_FRAME",
+    "NewerVersion",
     "OPS",
     "PodRef",
+    "WIRE_VERSION",
+    "WIRE_VERSION_MAX",
     "WireError",
     "decode_body",
     "encode_event",
@@ -592,9 +677,9 @@ __all__ = [
     "event_request",
     "legacy_order",
     "new_order",
-    "order_before",
     "SpoolFull",
     "list_spool",
+    "on_unknown_fields",
     "read_frame",
     "read_overflow",
     "read_spool",

@@ -16,15 +16,26 @@ every pass, so readiness comes back as soon as the spool is writable again.
 A file that cannot be read is retried later; neither stops ingestion of the
 other files, and both make readiness say `spool: ...` until the spool is
 healthy again.
+
+A file that does not parse is quarantined (renamed `.bad`, counted
+`bad_spool_file`) when it was written in this boot: without an OS crash a
+plugin never leaves one. One written before this boot started is a write the
+crash tore (the plugin does not fsync): it is deleted and counted
+`earlier_boot`, with one info line and no fault. A file of a newer wire
+version (cni_plugin/wire.py NewerVersion) is neither: it is kept for a newer
+publisher, counted `newer_version` once, and skipped by this process, which
+cannot learn that version while it runs; the next start reads it again.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Callable
 
-from cni_plugin.wire import Event, WireError, list_spool, read_spool, take_overflow
+from cni_plugin.wire import (Event, NewerVersion, WireError, list_spool, on_unknown_fields, read_spool,
+                             take_overflow)
 
 from . import limits, logs
 from .clock import node_seconds, wall
@@ -33,6 +44,41 @@ from .journal import Journal
 from .report import Reporter
 
 UNREADABLE_RETRY = 5.0  # seconds before a spool file that could not be read is tried again
+UNKNOWN_FIELD_NAMES = 32  # distinct unknown field names logged and labelled; more are counted as "(other)"
+_FIELD_NAME_CHARS = 64
+
+
+class UnknownFields:
+    """Event fields a newer plugin sent that this publisher ignores: each name logged once per
+    process and counted (netclaim_wire_unknown_fields_total{field}), whichever channel brought it.
+
+    The names come from peers, so at most UNKNOWN_FIELD_NAMES of them become labels.
+    """
+
+    _lock = threading.Lock()
+    _seen: set[str] = set()  # per process, like the log line it guards
+
+    def __init__(self, metrics: Any, log: Any) -> None:
+        self.metrics = metrics
+        self.log = log
+
+    def __call__(self, names: list[str]) -> None:
+        for raw in names:
+            name = raw[:_FIELD_NAME_CHARS]
+            with self._lock:
+                first = name not in self._seen and len(self._seen) < UNKNOWN_FIELD_NAMES
+                if first:
+                    self._seen.add(name)
+                label = name if name in self._seen else "(other)"
+            self.metrics.wire_unknown_fields.labels(label).inc()
+            if first:
+                self.log.info("unknown event field ignored", extra={
+                    "field": name, "hint": "sent by a newer plugin; this publisher does not read it"})
+
+
+def boot_started_wall() -> float:
+    """Wall time this boot started: now less CLOCK_BOOTTIME (moves with wall-clock steps)."""
+    return wall() - node_seconds()
 
 
 class Intake:
@@ -53,7 +99,11 @@ class Intake:
         self.stuck_error = ""
         self.overflow_error = ""
         self.unreadable: dict[str, float] = {}  # files that could not be read -> node time of the next try
+        self.newer: set[str] = set()  # files of a newer wire version: kept, not read again by this process
+        self._newly_kept: list[tuple[str, str]] = []  # (file, why) found newer in this pass
+        self._earlier_boot = 0  # unparseable files of an earlier boot dropped in this pass
         self.overflow: dict[str, Any] = {"dropped": 0, "reports": 0, "last": None}
+        on_unknown_fields(UnknownFields(self.metrics, self.log))  # socket and spool alike
 
     def submit(self, event: Event) -> tuple[bool, str]:
         """Called by the socket server: commit the event, then it may be acked.
@@ -111,10 +161,12 @@ class Intake:
         listed_set = set(listed)
         self.stuck &= listed_set  # removed by someone else: forget it
         self.quarantine &= listed_set
+        self.newer &= listed_set
         self._retry_stuck()
         for path in [p for p in self.unreadable if p not in listed_set]:
             del self.unreadable[path]
-        todo = [p for p in listed if p not in self.stuck and self.unreadable.get(p, 0.0) <= started]
+        todo = [p for p in listed if p not in self.stuck and p not in self.newer
+                and self.unreadable.get(p, 0.0) <= started]
         added = 0
         try:  # each batch commits on its own: an ack never waits behind a whole spool
             for first in range(0, len(todo), limits.INGEST_BATCH):
@@ -124,6 +176,7 @@ class Intake:
                 self.metrics.events_spooled.inc(added)
                 self.log.info("spooled events ingested", extra={"count": added})
                 self.notify(None)
+            self._tell_pass()
         if not self.unreadable:  # a complete pass: every listed event is in the journal
             self.last_ingest, self.last_ingest_wall = started, started_wall
         self._report_overflow()
@@ -157,7 +210,13 @@ class Intake:
                                                                           "error": str(exc)})
             self.unreadable[path] = node_seconds() + UNREADABLE_RETRY
             return None
+        except NewerVersion as exc:
+            self._keep_newer(path, str(exc))
+            return None
         except (WireError, ValueError, TypeError) as exc:
+            if self._written_before_boot(path):
+                self._drop_earlier_boot(path)
+                return None
             self.metrics.events_rejected.labels("bad_spool_file").inc()
             self.log.error("spool file unreadable, renamed to .bad", extra={
                 "detail": f"{os.path.basename(path)}: {exc}"})
@@ -172,6 +231,46 @@ class Intake:
             return None
         self.unreadable.pop(path, None)
         return event
+
+    def _keep_newer(self, path: str, why: str) -> None:
+        """A newer plugin's event: left where it is for a newer publisher, counted once."""
+        self.newer.add(path)
+        self.metrics.events_rejected.labels("newer_version").inc()
+        self._newly_kept.append((os.path.basename(path), why))
+
+    @staticmethod
+    def _written_before_boot(path: str) -> bool:
+        """Written before this boot started, by both its name's wall stamp (when it has one) and
+        its mtime: a file of this boot is never taken for a torn one of an earlier boot unless
+        the wall clock was stepped forward past both since."""
+        started = boot_started_wall()
+        stamp = os.path.basename(path).partition("-")[0]
+        if stamp.isdigit() and int(stamp) / 1e9 >= started:
+            return False
+        try:
+            return os.stat(path, follow_symlinks=False).st_mtime < started
+        except OSError:
+            return False
+
+    def _drop_earlier_boot(self, path: str) -> None:
+        """A torn write of an earlier boot (no fsync; the crash destroyed its sandbox): deleted."""
+        self.metrics.events_rejected.labels("earlier_boot").inc()
+        self._earlier_boot += 1
+        self._remove(path)  # one that cannot be deleted now is retried like an ingested file
+
+    def _tell_pass(self) -> None:
+        """One line per pass for what the pass kept or dropped, however many files it was."""
+        if self._earlier_boot:
+            self.log.info("unparseable spool files of an earlier boot dropped", extra={
+                "count": self._earlier_boot, "hint": "writes torn by the crash that ended that boot"})
+            self._earlier_boot = 0
+        if self._newly_kept:
+            first, why = self._newly_kept[0]
+            self.log.warning("spool files kept for a newer publisher", extra={
+                "count": len(self._newly_kept), "file": first, "error": why, "kept_total": len(self.newer)})
+            self.report.error(f"{len(self.newer)} spool file(s) of a newer wire version kept for a newer "
+                              f"publisher (not published by this one): {why}")
+            self._newly_kept = []
 
     def _retry_stuck(self) -> None:
         """Files that could not be deleted (or renamed .bad) are tried again on every pass: the

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from . import limits, logs
 from .clock import node_seconds, wall
 from .journal_schema import (MIGRATIONS, META_SCHEMA, SCHEMA, _ATT_COLUMNS, Attachment,  # noqa: F401
-                             Pending, shard_key)
+                             JournalTooNew, Pending, refuse_newer, shard_key, stamp_version)
 from .order import BootOrder
 from cni_plugin.wire import Event, WireError, _boot_id, legacy_order
 
@@ -81,6 +81,7 @@ class Journal:
         self._rlock = threading.Lock()
         _create_private(self.path)  # SQLite gives -wal and -shm the database file's mode
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        refuse_newer(self._db, self.path)  # a newer release's journal (a downgrade): before anything writes
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL: a commit writes the WAL without fsync (it survives a process crash; the boot
         # rule covers an OS crash). Checkpoints (which fsync) run from housekeeping on their own
@@ -97,6 +98,7 @@ class Journal:
             have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        stamp_version(self._db)
         self._rdb = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._rdb.execute("PRAGMA busy_timeout=1000")
         self._rdb.execute("PRAGMA query_only=1")

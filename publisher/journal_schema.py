@@ -7,6 +7,7 @@ so that a migration is a line here, not a change to the query code.
 
 from __future__ import annotations
 
+import sqlite3
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,9 +91,44 @@ MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),
               # Generation of a dirty mark: bumped by every change, so a reconcile clears only
               # the marks it planned with (Journal.settle).
               ("dirty", "gen", "INTEGER NOT NULL DEFAULT 0"))
+# The journal's schema version, kept in SQLite's `PRAGMA user_version`: 1 is the first
+# release's tables, and each migration adds one, so adding a migration is what bumps it.
+# Journals written before versions existed read 0 and are migrated by their columns.
+SCHEMA_VERSION = 1 + len(MIGRATIONS)
 # Facts about the journal itself; `boot_id` names the boot whose CLOCK_BOOTTIME the stored
 # times (received, next_try, finished, recorded, updated) were taken on.
 META_SCHEMA = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+
+
+class JournalTooNew(sqlite3.DatabaseError):
+    """The journal was written by a newer publisher (a downgrade): refused, never used.
+
+    A DatabaseError, so whoever handles an unusable journal at start (the CLI:
+    one line, exit 1) handles this one too.
+    """
+
+
+def refuse_newer(db: sqlite3.Connection, path: str) -> None:
+    """Close `db` and raise JournalTooNew when the journal's schema is newer than this code's.
+
+    Called before anything writes: this code would drop what a newer release
+    keeps in columns it does not know, and write rows without them.
+    """
+    found = db.execute("PRAGMA user_version").fetchone()[0]
+    if found <= SCHEMA_VERSION:
+        return
+    db.close()
+    raise JournalTooNew(
+        f"journal {path} has schema version {found}, newer than this netclaim-publisher knows "
+        f"({SCHEMA_VERSION}): a newer release wrote it. Run that release or a newer one again; to downgrade "
+        f"anyway, stop the publisher and move {path} and its -wal and -shm files aside (this release "
+        "then starts with an empty journal: docs/publisher.md, \"Journal schema version\")")
+
+
+def stamp_version(db: sqlite3.Connection) -> None:
+    """Record SCHEMA_VERSION once the tables and every migration are in place."""
+    if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
 @dataclass

@@ -49,6 +49,9 @@ class Metrics:
         self.events_spooled = Counter("netclaim_events_spooled_total", "Events ingested from the spool directory", registry=r)
         self.events_duplicate = Counter("netclaim_events_duplicate_total", "Events dropped as already journaled (same event id)", registry=r)
         self.events_rejected = Counter("netclaim_events_rejected_total", "Events or frames refused", ["reason"], registry=r)
+        self.wire_unknown_fields = Counter(
+            "netclaim_wire_unknown_fields_total", "Event fields ignored because this publisher does not know them "
+            "(sent by a newer plugin), by name (at most 32 names; more count as (other))", ["field"], registry=r)
         self.events_failed = Counter("netclaim_events_failed_total", "Events dropped after a permanent error or timeout", ["reason"], registry=r)
         self.peers_refused = Counter("netclaim_peers_refused_total", "Socket peers refused by SO_PEERCRED", registry=r)
         self.journal_depth = Gauge("netclaim_journal_depth", "Pending events in the journal", registry=r)

@@ -17,7 +17,7 @@ import struct
 import threading
 from typing import Any, Callable
 
-from cni_plugin.wire import MAX_FRAME, Event, WireError, encode_frame, read_frame
+from cni_plugin.wire import MAX_FRAME, Event, NewerVersion, WireError, encode_frame, read_frame
 
 from . import logs
 from .metrics import Metrics
@@ -217,6 +217,12 @@ class SocketServer:
             return False
         try:
             event = Event.from_dict(message.get("event"))
+        except NewerVersion as exc:  # a newer plugin's event: refused, the plugin spools it for a newer publisher
+            self.metrics.events_rejected.labels("newer_version").inc()
+            self.log.warning("event of a newer wire version refused (upgrade the publisher first)",
+                             extra={"peer_pid": pid, "error": str(exc)})
+            self._reply(conn, {"ok": False, "error": str(exc)})
+            return False
         except (WireError, TypeError) as exc:
             self.metrics.events_rejected.labels("bad_event").inc()
             self.log.warning("malformed event, closing connection", extra={"peer_pid": pid, "error": str(exc)})

@@ -359,6 +359,7 @@ class Sandbox:
 class PluginRunner:
     workdir: Path
     publisher: PublisherProc
+    prefix: list[str] = field(default_factory=list)  # set by a reboot: the plugin runs in the node's new boot
 
     def conf(self, ifname: str, channel: str, prev: dict | None) -> dict[str, Any]:
         network, request = NETWORKS[ifname]
@@ -380,7 +381,7 @@ class PluginRunner:
         if pod:
             env["CNI_ARGS"] = (f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod[0]};K8S_POD_NAME={pod[1]};"
                                f"K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={pod[2]}")
-        return subprocess.run([str(BIN / "netclaim")], input=json.dumps(conf), env=env, capture_output=True,
+        return subprocess.run([*self.prefix, str(BIN / "netclaim")], input=json.dumps(conf), env=env, capture_output=True,
                               text=True, timeout=60)
 
 

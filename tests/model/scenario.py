@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from modelkit import (CLAIMS, DRIVER, MERGE, NETWORKS, NODE, QUIESCE_TIMEOUT, ClaimModel, Credentials, Known,
                       Model, PluginRunner, Proxy, PublisherProc, Sandbox, delete_pod, observed_devices)
+from publisher_testkit import in_boot  # noqa: E402  (on the path once modelkit is imported)
 
 SLOTS = 3
 
@@ -42,6 +43,7 @@ class Harness:
     apiserver_up: bool = True
     sequences: int = 0
     sandboxes: int = 0
+    boots: int = 0  # reboots simulated so far (each a new boot id for publisher and plugin)
     steps: Counter = field(default_factory=Counter)  # step name -> times run, for the report
 
     @property
@@ -78,6 +80,7 @@ class Scenario:
     done: Counter = field(default_factory=Counter)  # steps run in this sequence (caps in the machine)
     plan: int | None = None
     cni_steps: int = 0
+    dead: set[int] = field(default_factory=set)  # sandboxes (by index) that died with an earlier boot
 
     def count(self, step: str) -> int:
         return self.done[step]
@@ -131,7 +134,7 @@ class Scenario:
 
     def addable(self) -> list[tuple[int, str]]:
         return [(i, ifname) for i, sb in enumerate(self.sandboxes) for ifname in NETWORKS
-                if (i, ifname) not in self.added and sb.pod_uid in self.model.live_pods]
+                if (i, ifname) not in self.added and sb.pod_uid in self.model.live_pods and i not in self.dead]
 
     def deletable(self) -> list[tuple[int, str]]:
         return sorted(self.live)
@@ -259,6 +262,9 @@ class Scenario:
             self.kill_publisher()
         elif kind == "start_publisher" and not h.publisher.running:
             self.start_publisher()
+        elif kind == "reboot" and not self.done["reboot"]:
+            self.done["reboot"] += 1
+            self.reboot()
         elif kind == "cut_api" and h.proxy.up and self.done["cut_api"] < 2:
             self.done["cut_api"] += 1
             self.cut_api()
@@ -288,6 +294,26 @@ class Scenario:
         self.kills += 1
 
     def start_publisher(self) -> None:
+        self.h.publisher.start()
+
+    def reboot(self) -> None:
+        """The node crashes and boots again: every sandbox dies with the boot, the publisher comes back.
+
+        The new boot is a new boot id for the publisher and the plugin (their own mount
+        namespace, publisher_testkit.in_boot). Nothing tells the publisher which sandboxes
+        died: no DEL, no GC. The pods and claims survive in the API, so the model expects
+        no entry until the kubelet's new sandboxes (the `new_sandbox` step) are ADDed.
+        """
+        self.h.publisher.kill()
+        self.h.boots += 1
+        prefix = in_boot(self.h.workdir, f"{uuid.uuid4()}")
+        self.h.publisher.prefix = prefix
+        self.h.plugin.prefix = prefix
+        self.dead.update(range(len(self.sandboxes)))
+        self.live.clear()
+        self.drifted.clear()
+        self.model.known.clear()
+        self.model.tick()
         self.h.publisher.start()
 
     def cut_api(self) -> None:

@@ -3,7 +3,8 @@
 A hypothesis RuleBasedStateMachine drives the real node parts (see modelkit.py):
 ADD, DEL, CHECK and GC through the real plugin for 3 pods and 2 claims, each
 delivered over the socket or through the spool (or lost, for a DEL whose
-spool is unwritable), publisher SIGKILL and restart, API cut at a TCP proxy,
+spool is unwritable), publisher SIGKILL and restart, a node reboot (every sandbox dies,
+publisher and plugin come back in a new boot, nothing sends a DEL), API cut at a TCP proxy,
 the real API server stopped and started, token rotation with 401s, claim
 deallocation and reallocation (to another pod, another device, another node), a
 claim shared by a second pod (reservedFor with two pods: one entry, the latest attachment),
@@ -49,7 +50,7 @@ del_channels = st.sampled_from(["socket", "socket", "spool", "lost"])  # "lost" 
 picks = st.integers(0, 7)
 # Everything that is not a CNI verb, in one rule so that CNI verbs stay most of the steps;
 # a kind that does not apply at that point (see Scenario.disturb) is a no-op.
-kinds = st.sampled_from(["kill_publisher", "start_publisher", "cut_api", "restore_api", "stop_apiserver",
+kinds = st.sampled_from(["kill_publisher", "start_publisher", "reboot", "cut_api", "restore_api", "stop_apiserver",
                          "start_apiserver", "rotate_token", "allocate", "allocate", "delete_pod", "recreate_pod",
                          "share"])
 

@@ -234,3 +234,17 @@ FOUND: dict[str, str] = {
 @pytest.mark.parametrize("name", sorted(FOUND))
 def test_found_sequence(harness: Harness, name: str) -> None:
     replay(harness, steps_from_hypothesis(FOUND[name]))
+
+
+def test_a_reboot_retires_every_sandbox_of_the_earlier_boot_and_the_new_ones_publish(harness: Harness) -> None:
+    """After a crash nothing sends a DEL; the pods and claims survive with their UIDs. The dead
+    sandboxes' entries must leave the claims, late events of the earlier boot (a DEL spooled
+    while the publisher was down) must change nothing, and the new boot's sandboxes publish."""
+    replay(harness, [("begin", {"heavy": False, "first": "socket"}),
+                     ("kill_publisher", {}),
+                     ("delete", {"pick": 0, "channel": "spool"}),  # spooled in the earlier boot
+                     ("reboot", {}),
+                     ("new_sandbox", {"slot": 0}),
+                     ("add", {"pick": 0, "channel": "socket"}),
+                     ("new_sandbox", {"slot": 1}),
+                     ("add", {"pick": 2, "channel": "spool"})])

@@ -89,6 +89,43 @@ def test_take_overflow_renames_it_away(tmp_path: Path) -> None:
     assert wire.read_overflow(spool)["dropped"] == 1, "a new marker starts from zero"
 
 
+def _fill_marker(spool: str, drops: int) -> None:
+    """`drops` events refused by a spool at its cap of one file."""
+    if not wire.list_spool(spool):
+        wire.write_spool(spool, _event(), max_files=1)
+    for i in range(drops):
+        with pytest.raises(wire.SpoolFull):
+            wire.write_spool(spool, _event(cid=f"d{i}"), max_files=1)
+
+
+def test_a_marker_taken_by_a_publisher_that_died_is_counted_by_the_next_take(tmp_path: Path) -> None:
+    """A publisher killed between take_overflow's rename and unlink leaves overflow.taken.<pid>."""
+    spool = str(tmp_path / "spool")
+    _fill_marker(spool, 3)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    os.rename(os.path.join(spool, "overflow"), os.path.join(spool, f"overflow.taken.{dead.pid}"))
+    _fill_marker(spool, 2)  # drops after the dead publisher's take start a new marker
+    taken = wire.take_overflow(spool)
+    assert taken["dropped"] == 5 and taken["lastCommand"] == "ADD"
+    assert [n for n in os.listdir(spool) if n.startswith("overflow")] == []
+    assert wire.take_overflow(spool) is None, "counted once"
+
+
+def test_a_marker_still_held_by_a_live_taker_is_left_to_it(tmp_path: Path) -> None:
+    spool = str(tmp_path / "spool")
+    _fill_marker(spool, 3)
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        os.rename(os.path.join(spool, "overflow"), os.path.join(spool, f"overflow.taken.{live.pid}"))
+        assert wire.take_overflow(spool) is None
+        assert os.path.exists(os.path.join(spool, f"overflow.taken.{live.pid}"))
+    finally:
+        live.kill()
+        live.wait()
+    assert wire.take_overflow(spool)["dropped"] == 3, "counted once its taker is gone"
+
+
 def test_corrupt_marker_reads_as_none_and_restarts(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     wire.write_spool(str(spool), _event(), max_files=1)
@@ -178,6 +215,55 @@ def test_spool_dir_mode_is_fixed_on_the_dir_itself(tmp_path: Path) -> None:
     wire.write_spool(str(spool), _event())
     assert stat.S_IMODE(spool.stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in spool.iterdir())
+
+
+def test_a_spooled_event_is_written_without_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fsync of the file or the directory: an OS crash that loses the file destroyed its sandbox too.
+
+    os.fsync/os.fdatasync are wrapped to record their callers' arguments (they still sync);
+    everything else is the real write path.
+    """
+    synced: list[int] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real_fdatasync(fd))[1])
+    spool = str(tmp_path / "spool")
+    event = _event()
+    path = wire.write_spool(spool, event)
+    assert synced == []
+    assert wire.read_spool(path).to_dict() == event.to_dict()
+    assert os.listdir(spool) == [os.path.basename(path)], "no temp file left"
+
+
+def test_a_reader_never_sees_a_half_written_spool_file(tmp_path: Path) -> None:
+    """Without fsync the write is still temp file + rename: a listing shows whole events only."""
+    spool = str(tmp_path / "spool")
+    result = {"cniVersion": "1.1.0", "pad": "x" * (200 << 10)}  # near the event cap
+    done = threading.Event()
+    problems: list[str] = []
+    seen: set[str] = set()
+
+    def read_all() -> None:
+        while not done.is_set():
+            for path in wire.list_spool(spool):
+                try:
+                    wire.read_spool(path)
+                    seen.add(path)
+                except FileNotFoundError:
+                    pass
+                except wire.WireError as exc:
+                    problems.append(f"{path}: {exc}")
+
+    reader = threading.Thread(target=read_all)
+    reader.start()
+    try:
+        for i in range(40):
+            wire.write_spool(spool, wire.Event(op="ADD", container_id=f"c{i}", ifname="eth0",
+                                               driver="net.example.com", result=result))
+    finally:
+        done.set()
+        reader.join(30)
+    assert problems == [] and seen, (problems, len(seen))
 
 
 # ------------------------------------------------------------------ one deadline for connect + send + ack

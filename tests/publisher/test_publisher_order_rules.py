@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from cni_plugin.wire import Event, PodRef, legacy_order, new_order, order_before
+from cni_plugin.wire import Event, PodRef, legacy_order, new_order
 from publisher.clock import node_seconds
 from publisher.journal import Attachment, Journal
+from publisher.order import BootOrder
 from publisher.rules import gc_victims, stale_reason
 from publisher_testkit import cni_result, wire_event
 
@@ -18,25 +19,27 @@ def att(cid: str, stamp: list, network: str = "testnet") -> Attachment:
                       event_ts=0.0, stamp=stamp)
 
 
-def test_same_boot_orders_by_boottime_even_when_the_wall_clock_steps_back():
+def test_same_boot_orders_by_boottime_even_when_the_wall_clock_steps_back(workdir):
+    order = BootOrder(Journal(str(workdir / "state")), "boot-1")
     a = ["boot-1", 100, 2_000]
     b = ["boot-1", 200, 1_000]  # the wall clock was stepped back between a and b
-    assert order_before(a, b) and not order_before(b, a)
+    assert order.before(a, b) and not order.before(b, a)
 
 
-def test_across_boots_the_wall_clock_orders():
-    before_reboot = ["boot-1", 9_000_000, 1_000]
+def test_an_earlier_boot_ranks_below_the_current_one_whatever_the_wall_clocks(workdir):
+    order = BootOrder(Journal(str(workdir / "state")), "boot-2")
+    before_reboot = ["boot-1", 9_000_000, 3_000]  # its wall clock was ahead
     after_reboot = ["boot-2", 5, 2_000]  # CLOCK_BOOTTIME restarted
-    assert order_before(before_reboot, after_reboot)
+    assert order.before(before_reboot, after_reboot)
 
 
-def test_stamp_is_the_same_on_both_channels_and_old_events_still_load():
+def test_stamp_is_the_same_on_both_channels_and_old_events_still_load(workdir):
     ev = wire_event("ADD", "c1", POD, cni_result())
     assert Event.from_dict(ev.to_dict()).order == ev.order  # socket frame and spool file hold to_dict()
     old = ev.to_dict()
     del old["order"]  # written by a plugin before stamps existed
     assert Event.from_dict(old).order == legacy_order(ev.timestamp)
-    assert order_before(Event.from_dict(old).order, new_order())
+    assert BootOrder(Journal(str(workdir / "state"))).before(Event.from_dict(old).order, new_order())
 
 
 def test_tombstone_beats_every_older_add_and_gc_fence_every_older_unlisted_add(workdir):
