@@ -107,6 +107,7 @@ def test_an_os_crash_that_loses_the_last_commits_and_spool_files_converges_to_th
     with sqlite3.connect(Path(before.state) / "journal.db") as src, \
             sqlite3.connect(disk / "state" / "journal.db") as dst:
         src.backup(dst)  # a consistent copy, as SQLite's recovery would find it
+    Path(before.spool).mkdir(exist_ok=True)
     shutil.copytree(Path(before.spool), disk / "spool")
     # After that moment: p2's sandbox ADDed and published, p1's sandbox replaced by a newer one.
     send(before, "ADD", "s2" + suffix(), pods["p2"][1], old_boot, 8, ipv4="10.77.0.12/24", ipv6=None)

@@ -28,9 +28,13 @@ def pending(svc: Service, ev: Any) -> Any:
     return next(p for p in svc.journal.ready(0, 1, EVERYTHING_DUE) if p.event.event_id == ev.event_id)
 
 
-def during_apply(svc: Service, monkeypatch: Any, step: Any) -> list[int]:
-    """Run `step()` once, inside the next apply (after it reached the API server); returns a call counter."""
-    real = svc.kube.apply_claim_status
+def during_apply(svc: Service, monkeypatch: Any, step: Any, writer: bool = False) -> list[int]:
+    """Run `step()` once, inside the next apply (after it reached the API server; with `writer`,
+    inside the writer's apply, which also runs when an identical body is skipped); returns a
+    call counter."""
+    target = svc.writer if writer else svc.kube
+    name = "apply" if writer else "apply_claim_status"
+    real = getattr(target, name)
     calls = [0]
 
     def apply(*args: Any, **kwargs: Any) -> Any:
@@ -40,7 +44,7 @@ def during_apply(svc: Service, monkeypatch: Any, step: Any) -> list[int]:
             step()
         return out
 
-    monkeypatch.setattr(svc.kube, "apply_claim_status", apply)
+    monkeypatch.setattr(target, name, apply)
     return calls
 
 
@@ -76,7 +80,7 @@ def test_a_del_committed_while_another_reconcile_applies_keeps_the_claim_dirty_u
         service.journal.finish(p_del.seq, "done", "", delete=[add.attachment], dirty=[key],
                                lease=limits.DIRTY_LEASE)
 
-    during_apply(service, monkeypatch, del_commits)
+    during_apply(service, monkeypatch, del_commits, writer=True)
     service.reconciler.reconcile(*key)  # the retry applied what it planned: the ADD's entry
     assert ours(cluster, claim) == [add.container_id]
     # The DEL's worker dies here (SIGKILL, OOM, node crash) before its own reconcile. Its change
