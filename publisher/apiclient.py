@@ -179,10 +179,11 @@ def _load_client_cert(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
 
 @dataclass
 class Reply:
-    """A whole answer: its status and body (the connection is back in the pool already)."""
+    """A whole answer: its status, body and headers (the connection is back in the pool already)."""
 
     status: int
     data: bytes
+    headers: Any = None  # urllib3's case-insensitive headers: Retry-After of a 429 (publisher/kube.py)
 
     def read(self) -> bytes:
         return self.data
@@ -217,7 +218,7 @@ class ApiClient:
         if stream:
             return resp
         try:
-            return Reply(resp.status, resp.read())
+            return Reply(resp.status, resp.read(), resp.headers)
         finally:
             resp.release_conn()
 

@@ -9,6 +9,7 @@ TransientError (retry with backoff) or PermanentError (report, do not retry).
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterator
 from . import apiclient, limits
 from .apiclient import ApiClient
 from .clock import node_seconds
+from .ratelimit import TokenBucket
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 REQUEST_TIMEOUT = (5.0, 20.0)
@@ -39,12 +41,15 @@ def watch_seconds() -> int:
 
 
 class ApiError(Exception):
-    """A failed API call: `code` is the HTTP status (0 for no response)."""
+    """A failed API call: `code` is the HTTP status (0 for no response); `retry_after` the seconds
+    the server asked to wait before the next try (its Retry-After header on a 429 or 503; 0.0: none).
+    Every retry path takes it as a floor for its backoff."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, retry_after: float = 0.0) -> None:
         super().__init__(f"{code}: {message}" if code else message)
         self.code = code
         self.message = message
+        self.retry_after = retry_after
 
 
 class TransientError(ApiError):
@@ -99,16 +104,32 @@ def _api_message(body: Any) -> str:
     return str(body)[:2000]
 
 
-def classify(code: int, message: str) -> ApiError:
+def classify(code: int, message: str, retry_after: float = 0.0) -> ApiError:
     if code == 404:
         return NotFound(code, message)
     if code == 401:
-        return Unauthorized(code, message)
+        return Unauthorized(code, message, retry_after)
     if code == 403:
-        return Forbidden(code, message)
+        return Forbidden(code, message, retry_after)
     if code == 429 or code >= 500 or code == 0:
-        return TransientError(code, message)
+        return TransientError(code, message, retry_after)
     return PermanentError(code, message)
+
+
+def retry_after_seconds(value: str | None) -> float:
+    """A Retry-After header as seconds from now: delay-seconds (what the API server sends) or an
+    HTTP date; 0.0 when absent or unreadable, at most limits.RETRY_AFTER_MAX (a bad header must
+    not stall a retry for hours)."""
+    if not value:
+        return 0.0
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return 0.0
+    return min(max(0.0, seconds), limits.RETRY_AFTER_MAX) if seconds == seconds else 0.0
 
 
 _RV = re.compile(rb'"resourceVersion":"([^"]*)"')
@@ -234,6 +255,8 @@ class Kube:
     credentials: Credentials | None = None
     # Told the purpose of every request sent (publisher/metrics.py netclaim_api_requests_by_purpose_total).
     count_purpose: Callable[[str], None] = lambda purpose: None
+    # Every request of this process takes a token first (publisher/ratelimit.py; a watch once, when opened).
+    limiter: TokenBucket = field(default_factory=lambda: TokenBucket(limits.API_QPS, limits.API_BURST))
     _health: ApiHealth = field(default_factory=ApiHealth)
     _cred_lock: threading.Lock = field(default_factory=threading.Lock)
     _context: threading.local = field(default_factory=threading.local)
@@ -308,6 +331,7 @@ class Kube:
 
     def _request_once(self, verb: str, method: str, path: str, query: list[tuple[str, str]] | None,
                       body: Any, content_type: str, timeout: Any, stream: bool = False) -> Any:
+        self.limiter.take()  # outside every lock: a request waiting for a token blocks no other
         self._count(verb)
         headers = {"Accept": "application/json"}
         if body is not None:
@@ -324,7 +348,8 @@ class Kube:
             if stream:
                 resp.release_conn()
             self._note(resp.status, message)
-            raise classify(resp.status, message)
+            wait = retry_after_seconds((getattr(resp, "headers", None) or {}).get("Retry-After"))
+            raise classify(resp.status, message, wait)
         self._note(resp.status)
         return resp
 

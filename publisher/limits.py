@@ -54,10 +54,12 @@ WATCH_BACKOFF_CAP = 30.0
 WATCH_BACKOFF_RESET = 120.0
 WATCH_TOO_SHORT = 1.0
 RETRY_AFTER_MAX = 300.0  # an API server's Retry-After (429, 503) is a floor for the next try, up to this
-# Client-side rate limit of each process's API requests (a token bucket, publisher/ratelimit.py): client-go's
-# defaults. A watch counts once, when it is opened. A burst of pod starts beyond it waits for tokens.
-API_QPS = 5.0
-API_BURST = 10
+# Client-side rate limit of each process's API requests (a token bucket, publisher/ratelimit.py). client-go's
+# library defaults (5/s, burst 10) would queue a node's ordinary pod-start burst (2 requests per claimed ADD,
+# 20 ADDs/s in the publisher bench), so a kubelet's defaults: it bounds a runaway loop, not normal work.
+# A watch counts once, when it is opened.
+API_QPS = 50.0  # requests per second the publisher or keeper of one node sends at most (a kubelet's own default)
+API_BURST = 100  # requests sent at once after a quiet spell
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

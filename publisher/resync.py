@@ -75,9 +75,10 @@ class Housekeeping:
         self._guard = threading.Lock()
 
     def claim_retry(self, ns: str, name: str, exc: Exception) -> None:
-        """A reconcile failed transiently: keep the claim dirty and retry it with backoff."""
+        """A reconcile failed transiently: keep the claim dirty and retry it with backoff
+        (never sooner than the Retry-After the API server sent with a 429 or 503)."""
         attempts = next((a for n_, m, a in self.journal.dirty_claims() if (n_, m) == (ns, name)), 0)
-        delay = backoff_delay(attempts, self.retry_base, self.retry_cap)
+        delay = max(getattr(exc, "retry_after", 0.0), backoff_delay(attempts, self.retry_base, self.retry_cap))
         self.journal.retry_dirty(ns, name, node_seconds() + delay)
         if attempts in (0, 1, 3) or attempts % 10 == 0:
             self.log.warning("claim not reconciled, retrying", extra={
@@ -146,6 +147,7 @@ class Housekeeping:
         except Exception as exc:  # noqa: BLE001 - one failing step must not stop the others
             state.failures += 1
             delay = backoff_delay(state.failures, 1.0, limits.STEP_BACKOFF_CAP)
+            delay = max(getattr(exc, "retry_after", 0.0), delay)  # never sooner than a Retry-After
             state.next_try = now + delay
             state.error = str(exc) or type(exc).__name__
             if state.failures in (1, 2, 4) or state.failures % 16 == 0:
@@ -244,9 +246,18 @@ class Housekeeping:
         cutoff = min(node_seconds(), self.last_ingest()) - limits.ORDER_HORIZON
         self.journal.prune_order_marks(cutoff)
         active = {f"{ns}/{name}" for ns, name in self.journal.claims()}
+        self._forget_causes()
         self.writer.forget_inactive(active)
         self.reconciler.forget_inactive(active)
         self.forget_claims(active)
+
+    def _forget_causes(self) -> None:
+        """A cause whose claim a worker reconciled first (no mark left) is stale: kept, it would
+        credit a later, unrelated repair of that claim to `window` or `pod_deleted`."""
+        dirty = {f"{ns}/{name}" for ns, name, _ in self.journal.dirty_claims()}
+        with self._guard:
+            for key in [k for k in self._causes if k not in dirty]:
+                del self._causes[key]
 
 
 @dataclass

@@ -287,7 +287,7 @@ class Rules:
         except NotYet as exc:
             self._retry_later(p, str(exc), transient=False)
         except TransientError as exc:
-            self._retry_later(p, f"API unavailable: {exc}", transient=True)
+            self._retry_later(p, f"API unavailable: {exc}", transient=True, not_before=exc.retry_after)
         except Unresolvable as exc:
             claim = f"{exc.claim_namespace}/{exc.claim_name}" if exc.claim_name else ""
             if exc.reason == "AmbiguousDevice":
@@ -343,12 +343,13 @@ class Rules:
             self.report.warn_attachment(p.event, event_reason, error, claim, claim_uid)
 
     def _retry_later(self, p: Pending, error: str, transient: bool, reason: str = "Unresolvable",
-                     claim: str = "", claim_uid: str = "") -> None:
+                     claim: str = "", claim_uid: str = "", not_before: float = 0.0) -> None:
+        """Try the event again after a backoff, never sooner than `not_before` s (a Retry-After)."""
         age = node_seconds() - p.received
         if not transient and age > self.settings.resolve_timeout:
             self._fail(p, f"unresolved after {age:.0f}s: {error}", "unresolved", claim, reason, claim_uid)
             return
-        delay = backoff_delay(p.attempts, 0.25, self.settings.retry_cap if transient else 10.0)
+        delay = max(not_before, backoff_delay(p.attempts, 0.25, self.settings.retry_cap if transient else 10.0))
         self.journal.reschedule(p.seq, node_seconds() + delay, error)
         if transient:
             self.report.error(error, p.event)

@@ -13,6 +13,10 @@ connection is reset at once and the request is kept until `release()` sends it
 to the API server: an apply whose answer was lost and that lands late, after
 the client has already retried (a request stuck in a slow server or an
 intermediary).
+
+With `apply_delay` (seconds, default 0) every status PATCH waits that long
+before it is forwarded: an API server whose applies are slow
+(scripts/harness/benchlib/publisher_burst.py measures a burst of ADDs so).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import ssl
 import struct
 import subprocess
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -29,7 +34,7 @@ HEAD_LIMIT = 64 << 10
 
 
 class LossyApiProxy:
-    def __init__(self, upstream: str, upstream_ca: str, workdir: Path) -> None:
+    def __init__(self, upstream: str, upstream_ca: str, workdir: Path, apply_delay: float = 0.0) -> None:
         url = urlparse(upstream)
         self.upstream = (url.hostname or "127.0.0.1", url.port or 443)
         self.cert = str(workdir / "proxy-cert.pem")
@@ -42,6 +47,7 @@ class LossyApiProxy:
         self.client_ctx = ssl.create_default_context(cafile=upstream_ca)
         self.lose = threading.Event()
         self.hold = threading.Event()
+        self.apply_delay = apply_delay
         self.held: list[bytes] = []
         self.lost = 0
         self.patches = 0
@@ -100,6 +106,8 @@ class LossyApiProxy:
                 _reset(conn)
                 return
             lose = status_patch and self._count_patch()
+            if status_patch and self.apply_delay > 0:
+                time.sleep(self.apply_delay)  # a slow apply: the client waits this much longer for its answer
             with socket.create_connection(self.upstream, timeout=30) as up_raw:
                 with self._lock:
                     self._live.add(up_raw)

@@ -16,7 +16,7 @@ import pytest
 from cni_plugin.wire import PodRef
 from publisher import limits
 from publisher.service import Service
-from publisher_testkit import DRIVER, Cluster, cni_result, suffix, wire_event
+from publisher_testkit import DRIVER, MERGE, Cluster, cni_result, suffix, wire_event
 
 pytestmark = pytest.mark.controlplane
 
@@ -120,3 +120,24 @@ def test_a_mark_whose_worker_died_is_retried_once_the_lease_ends(cluster: Cluste
     monkeypatch.setattr("publisher.resync.node_seconds", lambda: EVERYTHING_DUE)  # the lease has ended
     service.housekeeping.retry_dirty()
     assert service.journal.dirty_claims() == []
+
+
+def test_a_later_repair_is_not_credited_to_a_window_whose_claim_a_worker_reconciled_first(
+        cluster: Cluster, service: Service):
+    claim, uid = cluster.pod_with_claim("cause", [("nic", "nic0")])
+    add = wire_event("ADD", "c" + suffix(), PodRef(cluster.namespace, "cause", uid), cni_result())
+    service.rules.process(pending(service, add))
+    hk = service.housekeeping
+    hk.drifted(cluster.namespace, claim, "window saw a change")  # a claim window marks the claim ...
+    service.reconciler.reconcile(cluster.namespace, claim)  # ... and a worker's reconcile cleans it first
+    hk._prune()  # housekeeping's minute
+    # Much later the entry is wiped by someone else and an apply outcome brings it back.
+    cluster.resource.patch_namespaced_resource_claim_status(claim, cluster.namespace, {"status": {"devices": []}},
+                                                            _content_type=MERGE)
+    service.writer.invalidate(f"{cluster.namespace}/{claim}")
+    service.journal.finish(None, dirty=[(cluster.namespace, claim)])
+    hk.retry_dirty()
+    assert ours(cluster, claim) == [add.container_id]
+    repaired = service.metrics.drift_repaired
+    assert repaired.labels("window")._value.get() == 0, "credited to a window that repaired nothing"
+    assert repaired.labels("outcome")._value.get() == 1

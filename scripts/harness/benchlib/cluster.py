@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--multi-network", action="store_true",
                         help="Multus as the primary CNI, three-network pods, netclaim in every chain vs none "
                              "(benchlib/cluster_multi.py; written to cluster-multi-network.json)")
+    parser.add_argument("--burst", type=int, default=0,
+                        help="> 0: that many claimed pods created at once, bursts with netclaim vs without, ABBA; "
+                             "figure: ratio of the bursts' create -> Ready p99 (benchlib/cluster_burst.py; "
+                             "written to cluster-burst.json)")
+    parser.add_argument("--burst-rounds", type=int, default=2,
+                        help="with --burst: measured bursts per chain (after one warm-up burst)")
 
 
 def _progress(text: str) -> None:
@@ -180,6 +186,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.multi_network:
         from . import cluster_multi
         return cluster_multi.run(args)
+    if args.burst > 0:
+        from . import cluster_burst
+        return cluster_burst.run(args)
     _progress(f"bringing up the real cluster in {args.dir}")
     t0 = time.time()
     cluster = RealCluster.up(args.dir)

@@ -16,6 +16,11 @@ Against the real local API server (scripts/control-plane.sh up):
    quiet window), and API requests per resync pass per tracked claim
    (publisher restarted with a short --resync-interval; requests counted
    between the ends of two complete passes).
+6. IO pressure (node_costs.py): hand-off-to-visible against a bare apply loop under
+   the same load, and the plugin's ADD p99 under it against its quiet p99 (step 1).
+7. burst (publisher_burst.py): --burst ADDs at once through the real plugin to a
+   publisher whose every apply takes --burst-apply-delay s longer (a TLS proxy in
+   front of the API server); API requests per ADD. `--burst-only` runs just this.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from . import node_costs
+from . import node_costs, publisher_burst
 from .stats import paced, percentile
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,7 +52,8 @@ MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 TARGETS = {"p99_ms": 150.0, "api_requests_per_add": 2.0, "identical_add_writes": 0,
            "drain_ratio": 0.8, "rss_mib": 100.0, "idle_cpu_percent": 1.0,
-           "api_requests_per_ordinary_pod": 0, "warning_events_per_ordinary_pod": 0, "contended_p99_ratio": 2.0}
+           "api_requests_per_ordinary_pod": 0, "warning_events_per_ordinary_pod": 0, "contended_p99_ratio": 2.0,
+           "contended_plugin_add_p99_ratio": 1.5, "burst_api_requests_per_add": publisher_burst.TARGET_REQUESTS_PER_ADD}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ordinary", type=int, default=50, help="pods without a claim (ADD + DEL each)")
     parser.add_argument("--contended", type=int, default=100, help="sandboxes handed over under IO pressure")
     parser.add_argument("--contended-rate", type=float, default=10.0, help="sandboxes per second under IO pressure")
+    parser.add_argument("--burst", type=int, default=200, help="ADDs sent at once for the slow-apply burst (0: skip)")
+    parser.add_argument("--burst-apply-delay", type=float, default=0.3,
+                        help="seconds a proxy holds each status apply during the burst")
+    parser.add_argument("--burst-only", action="store_true", help="run only the slow-apply burst")
 
 
 def _progress(text: str) -> None:
@@ -94,6 +104,7 @@ class Bench:
         self.core = client.CoreV1Api(self.api)
         self.res = client.ResourceV1Api(self.api)
         self.kubeconfig = kubeconfig
+        self.publisher_kubeconfig = kubeconfig  # the publisher's own (the burst points it at a proxy)
         self.workers = workers
         self.ns = f"bench-{uuid.uuid4().hex[:6]}"
         self.dir = Path(tempfile.mkdtemp(prefix="netclaim-bench-"))
@@ -150,7 +161,7 @@ class Bench:
         self.port = _free_port()
         log = open(self.dir / "publisher.log", "ab")
         self.proc = subprocess.Popen(
-            [str(BIN / "netclaim-publisher"), "run", "--node-name", "node-a", "--kubeconfig", self.kubeconfig,
+            [str(BIN / "netclaim-publisher"), "run", "--node-name", "node-a", "--kubeconfig", self.publisher_kubeconfig,
              "--socket", str(self.dir / "run" / "p.sock"), "--state-dir", str(self.dir / "state"),
              "--spool-dir", str(self.dir / "spool"), "--metrics-address", f"127.0.0.1:{self.port}",
              "--workers", str(self.workers), "--log-level", "warning", *(extra or [])], stdout=log, stderr=log)
@@ -509,9 +520,42 @@ def _idle_and_resync(bench: Bench, idle_s: float = 20.0) -> dict[str, Any]:
             "api_requests_per_resync_per_claim": round((_api(m2) - _api(m1)) / max(1, claims), 3)}
 
 
+def _burst(env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    """The slow-apply burst in a namespace, state dir and publisher of its own, through the proxy."""
+    bench = Bench(env["KUBECONFIG"], args.workers)
+    proxy = None
+    try:
+        bench.setup()
+        _progress(f"burst: creating {args.burst} pods with allocated claims")
+        pods = bench.pods(0, args.burst)
+        proxy = publisher_burst.slow_proxy(env["NETCLAIM_APISERVER"], env["NETCLAIM_APISERVER_CA"], bench.dir,
+                                           args.burst_apply_delay)
+        bench.publisher_kubeconfig = publisher_burst.proxy_kubeconfig(env["KUBECONFIG"], proxy,
+                                                                       bench.dir / "proxy.kubeconfig")
+        bench.start()
+        _progress(f"burst: {args.burst} ADDs at once, each apply {args.burst_apply_delay} s slower")
+        figures = publisher_burst.burst(bench, pods, proxy, Watcher, _api, _journal_received)
+    finally:
+        bench.teardown()
+        if proxy is not None:
+            proxy.stop()
+    figures["load_average"] = _loadavg()
+    return figures
+
+
+def _loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     env = _control_plane()
+    if args.burst_only:
+        figures = {"burst": _burst(env, args), "targets": TARGETS, "cpus": os.cpu_count(),
+                   "result_name": "publisher-burst"}
+        _burst_table(figures["burst"])
+        return figures
     bench = Bench(env["KUBECONFIG"], args.workers)
+    load: dict[str, list[float]] = {"start": _loadavg()}
     try:
         bench.setup()
         _progress(f"creating {args.sandboxes + args.queued} pods with allocated claims")
@@ -525,10 +569,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         latency = _latency(bench, lat_pods, args.rate)
         latency["rss_mib_after"] = round(bench.rss_mib(), 1)
         latency["rss_mib_idle_before"] = round(rss_idle, 1)
+        load["latency"] = _loadavg()
         _progress(f"drain: {args.queued} queued events vs a bare apply loop")
         drain = _drain(bench, drain_pods, args.sandboxes)
         _progress("idle CPU and resync cost")
         idle = _idle_and_resync(bench)
+        load["idle"] = _loadavg()
         bench.stop()  # the idle run left a publisher resyncing every 3 s: its GETs must not count below
         bench.start()
         _progress(f"ordinary pods: {args.ordinary} without a claim")
@@ -536,11 +582,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _progress(f"IO pressure: {args.contended} sandboxes at {args.contended_rate}/s vs a bare apply loop")
         contended = node_costs.contended(bench, cont_pods, args.contended_rate, _latency,
                                          lambda claim, devs: _bare_apply(bench, claim, devs, "bench-bare-contended"))
+        load["contended"] = _loadavg()
     finally:
         bench.teardown()
+    # The plugin's ADD under IO pressure against its own quiet p99 (the latency run above).
+    contended["plugin_add_p99_ratio_vs_quiet"] = round(
+        contended["plugin_add_ms"]["p99"] / max(0.1, latency["plugin_add_ms"]["p99"]), 2)
     figures = {"latency": latency, "drain": drain, "idle": idle, "ordinary": ordinary, "contended": contended,
-               "targets": TARGETS, "cpus": os.cpu_count()}
+               "targets": TARGETS, "cpus": os.cpu_count(), "load_average": load}
+    if args.burst > 0:
+        figures["burst"] = _burst(env, args)
     _table(figures)
+    if "burst" in figures:
+        _burst_table(figures["burst"])
     return figures
 
 
@@ -575,7 +629,27 @@ def _table(f: dict[str, Any]) -> None:
         ("IO pressure: bare apply p50 / p99 (ms)",
          f"{f['contended']['bare_apply_ms']['p50']} / {f['contended']['bare_apply_ms']['p99']}", ""),
         ("IO pressure: netclaim p99 / bare apply p99", f"{f['contended']['p99_ratio_vs_bare']}x", "<= 2x"),
+        ("IO pressure: plugin ADD p50 / p99 (ms)",
+         f"{f['contended']['plugin_add_ms']['p50']} / {f['contended']['plugin_add_ms']['p99']}", ""),
+        ("IO pressure: plugin ADD p99 / its quiet p99", f"{f['contended']['plugin_add_p99_ratio_vs_quiet']}x", "<= 1.5x"),
     ]
+    _print_rows(rows)
+    print(f"load average (1, 5, 15 min) by part: {f['load_average']}")
+
+
+def _burst_table(b: dict[str, Any]) -> None:
+    _print_rows([
+        (f"burst: {b['adds']} ADDs at once, applies +{b['apply_delay_s']} s: API requests per ADD",
+         b["api_requests_per_add"], f"<= {b['target_api_requests_per_add']}"),
+        ("  requests by verb", b["requests_by_verb"], ""),
+        ("  status PATCHes seen by the proxy / ADDs spooled", f"{b['status_patches_at_proxy']} / {b['events_spooled']}", ""),
+        ("  first ADD to last entry visible (s)", b["first_add_to_last_visible_s"], ""),
+        ("  plugin ADD p50 / p99 (ms)", f"{b['plugin_add_ms']['p50']} / {b['plugin_add_ms']['p99']}", ""),
+    ])
+    print(f"load average (1, 5, 15 min) after the burst: {b['load_average']}")
+
+
+def _print_rows(rows: list[tuple[str, Any, str]]) -> None:
     print(f"{'figure':<45} {'measured':>22}  target")
     for name, value, target in rows:
         print(f"{name:<45} {str(value):>22}  {target}")
