@@ -196,9 +196,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         log.warning("--resync-interval (NETCLAIM_RESYNC_INTERVAL) is deprecated: use --verify-after and "
                     "--verify-spread", extra={"resync_interval": resync_interval})
         verify_after, verify_spread = resync_interval, 0.0
-    durable, why = decide_durability(durable_commits, state_dir)
-    log.info("journal commits " + ("fsync before the ack" if durable else "ack without fsync (the boot rule covers an "
-                                                                         "OS crash)"), extra={"why": why})
+    durable, why = decide_durability(durable_commits, state_dir)  # logged once started (a bad config: one line)
     pool = workers + 4 + (max_claim_windows if claim_window > 0 else 0)  # an open claim window holds a connection
     kube = Kube(api_client_for(kubeconfig, pool), metrics.record_api,
                 credentials=Credentials(kubeconfig, pool), count_purpose=metrics.record_purpose)
@@ -232,6 +230,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                                          "spool_dir": spool_dir, "metrics": metrics_address,
                                          "emit_events": emit_events,
                                          "journal_depth": service.journal.depth()})
+    log.info("journal commits " + ("fsync before the ack" if durable else "ack without fsync (the boot rule covers an "
+                                                                         "OS crash)"), extra={"why": why})
     done.wait()
     server.stop()
     service.stop()
