@@ -22,3 +22,9 @@ def node_seconds() -> float:
 def wall() -> float:
     """The wall clock: only for timestamps shown to people or written to the API."""
     return time.time()
+
+
+def boot_began_wall() -> float:
+    """Wall time this boot began: now less CLOCK_BOOTTIME (moves with wall-clock steps). What a
+    stamp or file time of before it is, or a container started before it, belongs to an earlier boot."""
+    return wall() - node_seconds()

@@ -38,7 +38,7 @@ from cni_plugin.wire import (Event, NewerVersion, WireError, list_spool, on_unkn
                              take_overflow)
 
 from . import limits, logs
-from .clock import node_seconds, wall
+from .clock import boot_began_wall, node_seconds, wall
 from .health import Health
 from .journal import Journal
 from .report import Reporter
@@ -74,11 +74,6 @@ class UnknownFields:
             if first:
                 self.log.info("unknown event field ignored", extra={
                     "field": name, "hint": "sent by a newer plugin; this publisher does not read it"})
-
-
-def boot_started_wall() -> float:
-    """Wall time this boot started: now less CLOCK_BOOTTIME (moves with wall-clock steps)."""
-    return wall() - node_seconds()
 
 
 class Intake:
@@ -243,7 +238,7 @@ class Intake:
         """Written before this boot started, by both its name's wall stamp (when it has one) and
         its mtime: a file of this boot is never taken for a torn one of an earlier boot unless
         the wall clock was stepped forward past both since."""
-        started = boot_started_wall()
+        started = boot_began_wall()
         stamp = os.path.basename(path).partition("-")[0]
         if stamp.isdigit() and int(stamp) / 1e9 >= started:
             return False

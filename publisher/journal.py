@@ -86,7 +86,6 @@ class Journal:
         # NORMAL: a commit writes the WAL without fsync (it survives a process crash; the boot
         # rule covers an OS crash). Checkpoints (which fsync) run from housekeeping on their own
         # connection, never inside a commit. FULL only where the journal may outlive the kernel.
-        self.durable_commits = durable_commits
         self._db.execute(f"PRAGMA synchronous={'FULL' if durable_commits else 'NORMAL'}")
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.execute(f"PRAGMA journal_size_limit={limits.JOURNAL_WAL_KEEP}")

@@ -38,14 +38,13 @@ EVENTS_PER_MINUTE Events a minute (beyond that, the pod is counted and logged).
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from datetime import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import logs
-from .clock import node_seconds
+from .clock import boot_began_wall, node_seconds
 from .events import claim_ref, pod_ref
 from .kube import ApiError, Kube, NotFound
 from .resolver import pod_claim_names
@@ -106,11 +105,6 @@ def claim_is_ours(claim: dict[str, Any], drivers: frozenset[str], pod_uid: str) 
     return ours, reserved, published
 
 
-def boot_wall_time() -> float:
-    """Wall-clock seconds at which this boot began (the wall clock now minus CLOCK_BOOTTIME)."""
-    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
 def started_before_this_boot(pod: dict[str, Any], boot_wall: float | None = None) -> bool:
     """Whether the pod's latest running container started before this boot: stale status."""
     latest = None
@@ -124,7 +118,7 @@ def started_before_this_boot(pod: dict[str, Any], boot_wall: float | None = None
             latest = at
     if latest is None:
         return False
-    return latest < (boot_wall_time() if boot_wall is None else boot_wall)
+    return latest < (boot_began_wall() if boot_wall is None else boot_wall)
 
 
 class UnchainedPods:

@@ -253,6 +253,28 @@ class Publisher:
         return request(self.socket, {"kind": "status", "brief": brief})["status"]
 
 
+UNREACHABLE_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters:
+- name: unreachable
+  cluster: {server: "https://127.0.0.1:9"}
+users:
+- name: u
+  user: {token: not-a-real-token}
+contexts:
+- name: c
+  context: {cluster: unreachable, user: u}
+current-context: c
+"""
+
+
+def unreachable_kubeconfig(workdir: Path) -> Path:
+    """A kubeconfig whose API server never answers: for publishers tested without one."""
+    path = workdir / "unreachable.kubeconfig"
+    path.write_text(UNREACHABLE_KUBECONFIG)
+    return path
+
+
 def in_boot(workdir: Path, boot_id: str) -> list[str]:
     """A command prefix that runs a program as if the node were in boot `boot_id`.
 

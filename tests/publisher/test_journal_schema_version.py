@@ -17,21 +17,7 @@ import pytest
 
 from publisher import journal_schema
 from publisher.journal import Journal
-from publisher_testkit import BIN
-
-UNREACHABLE_KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters:
-- name: unreachable
-  cluster: {server: "https://127.0.0.1:9"}
-users:
-- name: u
-  user: {token: not-a-real-token}
-contexts:
-- name: c
-  context: {cluster: unreachable, user: u}
-current-context: c
-"""
+from publisher_testkit import BIN, unreachable_kubeconfig
 
 
 def user_version(state_dir) -> int:
@@ -95,8 +81,7 @@ def test_a_journal_of_a_newer_schema_is_refused_before_anything_is_written(workd
 
 
 def test_the_publisher_refuses_to_start_on_a_newer_journal_and_says_what_to_do(workdir):
-    kubeconfig = workdir / "unreachable.kubeconfig"
-    kubeconfig.write_text(UNREACHABLE_KUBECONFIG)
+    kubeconfig = unreachable_kubeconfig(workdir)
     state = workdir / "state"
     newer_journal(state, 999)  # far beyond any release: the version this test stands for
     out = subprocess.run(

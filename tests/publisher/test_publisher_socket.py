@@ -18,21 +18,8 @@ import pytest
 
 from cni_plugin.wire import PodRef, encode_frame, event_request, read_frame, write_spool
 from peers import run_as_uid
-from publisher_testkit import Publisher, cni_result, request, wire_event
+from publisher_testkit import Publisher, cni_result, request, unreachable_kubeconfig, wire_event
 
-UNREACHABLE_KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters:
-- name: unreachable
-  cluster: {server: "https://127.0.0.1:9"}
-users:
-- name: u
-  user: {token: not-a-real-token}
-contexts:
-- name: c
-  context: {cluster: unreachable, user: u}
-current-context: c
-"""
 
 POD = PodRef("ns", "pod", "uid-1")
 
@@ -40,8 +27,7 @@ POD = PodRef("ns", "pod", "uid-1")
 @pytest.fixture()
 def offline(workdir):
     """Start publishers whose API server is unreachable; killed at teardown."""
-    kubeconfig = workdir / "unreachable.kubeconfig"
-    kubeconfig.write_text(UNREACHABLE_KUBECONFIG)
+    kubeconfig = unreachable_kubeconfig(workdir)
     started: list[Publisher] = []
 
     def make(extra: list[str] | None = None, sub: str = "p", start: bool = True) -> Publisher:

@@ -26,30 +26,16 @@ import pytest
 
 from cni_plugin import wire
 from cni_plugin.wire import PodRef, event_request, write_spool
-from publisher_testkit import Publisher, cni_result, request, wait_until, wire_event
+from publisher_testkit import Publisher, cni_result, request, unreachable_kubeconfig, wait_until, wire_event
 
 DATA = Path(__file__).resolve().parent / "data"
-UNREACHABLE_KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters:
-- name: unreachable
-  cluster: {server: "https://127.0.0.1:9"}
-users:
-- name: u
-  user: {token: not-a-real-token}
-contexts:
-- name: c
-  context: {cluster: unreachable, user: u}
-current-context: c
-"""
 POD = PodRef("team-a", "web-0", "uid-1")
 
 
 @pytest.fixture()
 def offline(workdir):
     """Publishers whose API server is unreachable, started after the test prepared their spool."""
-    kubeconfig = workdir / "unreachable.kubeconfig"
-    kubeconfig.write_text(UNREACHABLE_KUBECONFIG)
+    kubeconfig = unreachable_kubeconfig(workdir)
     started: list[Publisher] = []
 
     def make(prepare=None, start: bool = True) -> Publisher:
