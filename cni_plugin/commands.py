@@ -8,12 +8,12 @@ when needed), hands an event to the publisher and returns the JSON to print
 from __future__ import annotations
 
 from . import handoff, results, wire
-from . import state as state_store
 from .config import LATEST_VERSION, SUPPORTED_VERSIONS, Env, NetConf
 from .errors import CHECK_DRIFT, NOT_AVAILABLE, CNIError, config_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
+    from types import ModuleType
     from typing import Any
 
     from .log import Log
@@ -37,8 +37,15 @@ def _event(op: str, env: Env, conf: NetConf, **fields: Any) -> wire.Event:
     )
 
 
+def _state_store() -> ModuleType:
+    """cni_plugin.state, imported when a verb needs saved state (setup, DEL, GC): a report-only ADD never does."""
+    from . import state
+
+    return state
+
+
 def _state_path(env: Env, conf: NetConf) -> str:
-    return state_store.state_path(conf.state_dir, conf.name, env.container_id, env.ifname)
+    return _state_store().state_path(conf.state_dir, conf.name, env.container_id, env.ifname)
 
 
 def _fill_from_link(result: dict[str, Any], index: int | None, link: Any, env: Env) -> None:
@@ -120,6 +127,7 @@ def _best_effort(log: Log, step: str, action: Any) -> Any:
 
 
 def _restore_state(env: Env, conf: NetConf, log: Log) -> bool:
+    state_store = _state_store()
     path = _state_path(env, conf)
     saved = state_store.load(path)
     if saved is not None and env.netns:
@@ -180,6 +188,7 @@ def cmd_gc(env: Env, conf: NetConf, log: Log) -> None:
     valid = _valid_attachments(conf.raw)
     keep = {(a["containerID"], a["ifname"]) for a in valid}
     removed = []
+    state_store = _state_store()
     for container_id, ifname, path in state_store.list_attachments(conf.state_dir, conf.name):
         if (container_id, ifname) not in keep:
             state_store.remove(path)

@@ -21,12 +21,12 @@ netclaim to report, and retrying cannot change that), under Ignore a logged drop
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import _socket
 
+from . import posixos as os
 from . import wire
 from .errors import TRY_AGAIN_LATER, CNIError, config_error
 

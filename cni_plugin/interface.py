@@ -7,9 +7,7 @@ report-only ADD never pays for netlink or setns.
 
 from __future__ import annotations
 
-import os
-
-from . import state as state_store
+from . import posixos as os
 from .config import InterfaceConf, sysctl_path_parts
 from .errors import INTERFACE_NOT_FOUND, INVALID_NETWORK_CONFIG, IO_FAILURE, UNKNOWN_CONTAINER, CNIError
 from .netlink import Link, RtNetlink, format_cidr, parse_cidr
@@ -97,6 +95,8 @@ def apply(netns: str, ifname: str, conf: InterfaceConf, path: str, meta: dict[st
     On a failure half-way, what was already changed is rolled back and the
     state removed, so a failed ADD leaves the sandbox as it found it.
     """
+    from . import state as state_store  # setup only: a read-back never saves state
+
     with _Inside(netns), RtNetlink() as nl:
         link = _find(nl, ifname, netns)
         original = _originals(link, conf, ifname)

@@ -18,9 +18,9 @@ an oversized file do not rotate twice.
 
 from __future__ import annotations
 
-import os
 import time
 
+from . import posixos as os
 from .jsonio import dumps
 
 MAX_LOG_BYTES = 1 << 20  # one MiB per file: plugin.log plus plugin.log.1

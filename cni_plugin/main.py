@@ -12,9 +12,9 @@ print the usage and version instead of speaking CNI.
 
 from __future__ import annotations
 
-import os
 import sys
 
+from . import posixos as os
 from .config import (
     LATEST_VERSION,
     MAX_STDIN_BYTES,
@@ -234,7 +234,7 @@ def main(environ: Mapping[str, str] | None = None, stdin: IO[bytes] | None = Non
     """
     if argv is None:
         argv = sys.argv[1:] if environ is None else []
-    environ = os.environ if environ is None else environ
+    environ = os.getenviron() if environ is None else environ
     stdin = sys.stdin.buffer if stdin is None else stdin
     stdout = sys.stdout.buffer if stdout is None else stdout
     if _by_hand(environ, stdin, argv):

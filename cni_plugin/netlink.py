@@ -2,16 +2,17 @@
 
 pyroute2 would do this, but its package import costs ~350 ms and ~25 MB here
 (it imports everything from its `__init__`), 35x the interpreter start-up; the
-plugin needs six message types, so it speaks them with `struct` over an
-AF_NETLINK socket. Tests verify the results independently with pyroute2.
+plugin needs six message types, so it speaks them with `_struct` (what the
+`struct` module re-exports) over an AF_NETLINK socket. Tests verify the
+results independently with pyroute2.
 """
 
 from __future__ import annotations
 
-import os
-import struct
-
 import _socket
+import _struct
+
+from . import posixos as os
 
 AF_NETLINK = 16
 NETLINK_ROUTE = 0
@@ -51,12 +52,12 @@ IFA_ADDRESS = 1
 IFA_LOCAL = 2
 IFF_UP = 0x1
 
-_NLMSGHDR = struct.Struct("=IHHII")
-_IFINFOMSG = struct.Struct("=BxHiII")
-_IFADDRMSG = struct.Struct("=BBBBI")
-_NLATTR = struct.Struct("=HH")
-_U32 = struct.Struct("=I")
-_ERR = struct.Struct("=i")
+_NLMSGHDR = _struct.Struct("=IHHII")
+_IFINFOMSG = _struct.Struct("=BxHiII")
+_IFADDRMSG = _struct.Struct("=BBBBI")
+_NLATTR = _struct.Struct("=HH")
+_U32 = _struct.Struct("=I")
+_ERR = _struct.Struct("=i")
 
 
 def _align(n: int) -> int:

@@ -8,7 +8,7 @@ process's namespace is safe; sockets opened inside stay bound to that netns.
 
 from __future__ import annotations
 
-import os
+from . import posixos as os
 
 CLONE_NEWNET = 0x40000000
 _setns = None

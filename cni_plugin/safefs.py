@@ -25,7 +25,7 @@ This module is on the plugin's hot path: standard library only, nothing at impor
 
 from __future__ import annotations
 
-import os
+from . import posixos as os
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -10,8 +10,7 @@ contain it (CNI names are [a-zA-Z0-9_.-], interface names exclude ':').
 
 from __future__ import annotations
 
-import os
-
+from . import posixos as os
 from .jsonio import JSONError, dumps, loads
 from .safefs import open_dir, open_private_dir, write_file_at
 

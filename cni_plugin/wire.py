@@ -37,9 +37,9 @@ publisher ignores or reads it.
 
 from __future__ import annotations
 
-import os
 import time
 
+from . import posixos as os
 from .jsonio import MAX_JSON_DEPTH, JSONError, dumps, loads, too_deep
 from .safefs import (
     DIR_FLAGS as _DIR_FLAGS,

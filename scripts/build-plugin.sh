@@ -9,10 +9,12 @@
 # What it is: a small C program (scripts/build/bundle/netclaim.c) linked with
 # `gcc -static` against Debian's static libpython3.11 and glibc's libc.a, with
 # the plugin's modules and every stdlib module they import frozen into the
-# binary (scripts/build/bundle/freeze.py). A node needs no Python, no shared library
-# and no other file. `_json` is compiled from the CPython source that matches
-# the static library (Debian's python3.11 source package: only Modules/_json.c
-# is used); setns(2) is a builtin (scripts/build/bundle/netclaim_sys.c).
+# binary (scripts/build/bundle/freeze.py) as static code objects (deep-frozen by
+# CPython's own Tools/scripts/deepfreeze.py). A node needs no Python, no shared
+# library and no other file. `_json` and the deep-freezer come from the CPython
+# source that matches the static library (Debian's python3.11 source package:
+# only Modules/_json.c and Tools/scripts/{deepfreeze,umarshal}.py are used);
+# setns(2) is a builtin (scripts/build/bundle/netclaim_sys.c).
 #
 # The result is cached under ${XDG_CACHE_HOME:-~/.cache}/netclaim/plugin/<key>/netclaim,
 # where <key> hashes cni_plugin/*.py, scripts/build/bundle/*, this script and the
@@ -63,6 +65,7 @@ esac
 # What differs between the two targets: compiler, static libpython, headers,
 # how the result is run once, the ELF machine it must be, and the cache dir.
 CC=gcc
+NM=nm
 EXTRA_INCLUDES=()
 RUN=()
 ELF_MACHINE="Advanced Micro Devices X86-64"
@@ -126,6 +129,7 @@ configure_arch() {
     [[ "$ARCH" == arm64 ]] || return 0
     SYSROOT="$(arm64_sysroot)"
     CC=aarch64-linux-gnu-gcc
+    NM=aarch64-linux-gnu-nm
     LIBPY="$SYSROOT/usr/lib/aarch64-linux-gnu/libpython3.11.a"
     INCLUDE="$SYSROOT/usr/include/python3.11"
     EXTRA_INCLUDES=(-I"$SYSROOT/usr/include" -ffile-prefix-map="$SYSROOT"=)  # <aarch64-linux-gnu/python3.11/pyconfig.h>
@@ -142,13 +146,17 @@ libpython_version() {
     printf '%s' "${v%%-*}"
 }
 
-# Modules/_json.c of exactly that upstream version, from Debian's source
-# package (apt's own client, with a private source list and lists dir so the
-# system's apt configuration is left alone). Cached once per version.
-json_source() {
-    local version="$1" dir apt_dir tarball
+# Modules/_json.c and the deep-freezer (Tools/scripts/deepfreeze.py, umarshal.py)
+# of exactly that upstream version, from Debian's source package (apt's own
+# client, with a private source list and lists dir so the system's apt
+# configuration is left alone); prints the directory holding them (at those
+# paths). Cached once per version.
+CPYTHON_FILES=(Modules/_json.c Tools/scripts/deepfreeze.py Tools/scripts/umarshal.py)
+cpython_sources() {
+    local version="$1" dir apt_dir tarball file complete=1
     dir="$CACHE/cpython-src/$version"
-    if [[ -f "$dir/_json.c" ]]; then printf '%s' "$dir/_json.c"; return 0; fi
+    for file in "${CPYTHON_FILES[@]}"; do [[ -f "$dir/$file" ]] || complete=0; done
+    if ((complete)); then printf '%s' "$dir"; return 0; fi
     apt_dir="$CACHE/cpython-src/apt"
     mkdir -p "$apt_dir/parts" "$apt_dir/lists/partial" "$apt_dir/download"
     local conf
@@ -160,7 +168,7 @@ json_source() {
     fi
     local opts=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$apt_dir/parts"
                 -o "Dir::State::Lists=$apt_dir/lists" -o "APT::Sandbox::User=root")
-    log "fetching Debian's python3.11 source package (for Modules/_json.c)"
+    log "fetching Debian's python3.11 source package (for Modules/_json.c and Tools/scripts/deepfreeze.py)"
     apt-get -q "${opts[@]}" update >"$apt_dir/apt.log" 2>&1 || { cat "$apt_dir/apt.log" >&2; die "apt-get update (deb-src) failed"; }
     # The .dsc of the newest revision may be missing on a mirror; the orig
     # tarball (all that is needed) is checked against the index's hash by apt.
@@ -168,10 +176,10 @@ json_source() {
     tarball="$(ls "$apt_dir/download"/python3.11_"$version".orig.tar.* 2>/dev/null | head -1)"
     [[ -n "$tarball" ]] || { cat "$apt_dir/apt.log" >&2; die "no python3.11_$version.orig tarball from the Debian source archive"; }
     mkdir -p "$dir"
-    tar -xf "$tarball" -C "$dir" --strip-components=2 "Python-$version/Modules/_json.c" \
-        || die "Modules/_json.c not in $tarball"
+    tar -xf "$tarball" -C "$dir" --strip-components=1 "${CPYTHON_FILES[@]/#/Python-$version/}" \
+        || die "${CPYTHON_FILES[*]} not all in $tarball"
     rm -f "$apt_dir/download"/python3.11_*
-    printf '%s' "$dir/_json.c"
+    printf '%s' "$dir"
 }
 
 cache_key() {
@@ -181,6 +189,17 @@ cache_key() {
             "$(dpkg-query -W -f='${Version}' gcc-aarch64-linux-gnu libc6-dev-arm64-cross)"; fi
         (cd "$ROOT" && sha256sum cni_plugin/*.py scripts/build/bundle/* scripts/build-plugin.sh)
     } | sha256sum | cut -c1-16
+}
+
+# The interpreter's own deep-frozen modules: the _Py_get_*_toplevel functions of
+# the static library's deepfreeze.o. The bundle wraps each (ld --wrap) so that a
+# module's strings are interned when it is first imported, not all at start-up.
+stdlib_getters() {
+    local getters
+    getters="$(LC_ALL=C "$NM" -A "$LIBPY" 2>/dev/null \
+               | sed -n 's/.*:deepfreeze\.o: *[0-9a-f]* T \(_Py_get_[A-Za-z0-9_]*_toplevel\)$/\1/p' | LC_ALL=C sort -u)"
+    [[ -n "$getters" ]] || die "no deep-frozen modules (deepfreeze.o) in $LIBPY"
+    printf '%s\n' "$getters"
 }
 
 # An ELF with no PT_INTERP and no DT_NEEDED: the kernel runs it as is.
@@ -194,18 +213,25 @@ check_static() {
 }
 
 build() {
-    local work="$1" json_c="$2" cflags=(-O2 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" "${EXTRA_INCLUDES[@]}" -I"$work")
-    "$PY" -I -S "$HERE/build/bundle/freeze.py" --src "$ROOT" --inittab "$HERE/build/bundle/inittab.c" --out "$work"
+    local work="$1" cpython="$2" cflags=(-O2 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" "${EXTRA_INCLUDES[@]}" -I"$work")
+    local json_c="$cpython/Modules/_json.c" getters=() wraps=(-Wl,--wrap=_Py_Deepfreeze_Init) getter
+    mapfile -t getters < <(stdlib_getters)
+    ((${#getters[@]})) || die "no deep-frozen modules (deepfreeze.o) in $LIBPY"
+    for getter in "${getters[@]}"; do wraps+=("-Wl,--wrap=$getter"); done
+    "$PY" -I -S "$HERE/build/bundle/freeze.py" --src "$ROOT" --inittab "$HERE/build/bundle/inittab.c" --out "$work" \
+        --deepfreeze "$cpython/Tools/scripts" --include "$INCLUDE" --stdlib-getters "${getters[@]}"
     "$CC" "${cflags[@]}" -c "$HERE/build/bundle/netclaim.c" -o "$work/netclaim.o"
     "$CC" "${cflags[@]}" -c "$HERE/build/bundle/netclaim_sys.c" -o "$work/netclaim_sys.o"
     "$CC" "${cflags[@]}" -c "$HERE/build/bundle/inittab.c" -o "$work/inittab.o"
-    "$CC" -O1 -DNDEBUG -ffile-prefix-map="$work"=. -I"$INCLUDE" "${EXTRA_INCLUDES[@]}" -I"$work" -c "$work/frozen.c" -o "$work/frozen.o"
+    # Deep-frozen objects are laid out with the interpreter's internal structs.
+    "$CC" -O1 -DNDEBUG -DPy_BUILD_CORE -ffile-prefix-map="$work"=. -I"$INCLUDE" "${EXTRA_INCLUDES[@]}" -I"$work" \
+        -c "$work/frozen.c" -o "$work/frozen.o"
     "$CC" "${cflags[@]}" -ffile-prefix-map="$(dirname "$json_c")"=Modules -I"$INCLUDE/internal" -DPy_BUILD_CORE_BUILTIN \
         -c "$json_c" -o "$work/_json.o"
     # glibc warns that getaddrinfo/getpwnam & co. need its NSS modules at run
     # time in a static binary; the plugin never resolves names or users (it
     # speaks AF_UNIX and AF_NETLINK only), and pwd/grp are not even built in.
-    "$CC" -static -s -o "$work/netclaim" "$work"/{netclaim,netclaim_sys,inittab,frozen,_json}.o "$LIBPY" \
+    "$CC" -static -s "${wraps[@]}" -o "$work/netclaim" "$work"/{netclaim,netclaim_sys,inittab,frozen,_json}.o "$LIBPY" \
         -lm -lpthread -ldl -lutil 2>"$work/link.log" || { cat "$work/link.log" >&2; die "link failed"; }
     check_static "$work/netclaim"
     local answer
@@ -234,11 +260,11 @@ main() {
     key="$(cache_key)"
     dest="$PLUGIN_CACHE/$key/netclaim"
     if [[ ! -x "$dest" ]]; then
-        local json_c work
-        json_c="$(json_source "$(libpython_version)")"
+        local cpython work
+        cpython="$(cpython_sources "$(libpython_version)")"
         work="$(mktemp -d "$PLUGIN_CACHE/.build.XXXXXX")"
         log "building the static plugin for $ARCH ($key)"
-        build "$work" "$json_c"
+        build "$work" "$cpython"
         mkdir -p "$(dirname "$dest")"
         install -m 0755 "$work/netclaim" "$dest.tmp"
         cp "$work/modules.txt" "$(dirname "$dest")/modules.txt"

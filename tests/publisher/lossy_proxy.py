@@ -17,6 +17,9 @@ intermediary).
 With `apply_delay` (seconds, default 0) every status PATCH waits that long
 before it is forwarded: an API server whose applies are slow
 (scripts/harness/benchlib/publisher_burst.py measures a burst of ADDs so).
+`upstream_timeout` (default 30 s) bounds each upstream read, so it also ends a
+watch that stays silent that long; the bench raises it, so that its count of
+requests does not include the relists after such a cut.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ HEAD_LIMIT = 64 << 10
 
 
 class LossyApiProxy:
-    def __init__(self, upstream: str, upstream_ca: str, workdir: Path, apply_delay: float = 0.0) -> None:
+    def __init__(self, upstream: str, upstream_ca: str, workdir: Path, apply_delay: float = 0.0,
+                 upstream_timeout: float = 30.0) -> None:
         url = urlparse(upstream)
         self.upstream = (url.hostname or "127.0.0.1", url.port or 443)
         self.cert = str(workdir / "proxy-cert.pem")
@@ -48,6 +52,7 @@ class LossyApiProxy:
         self.lose = threading.Event()
         self.hold = threading.Event()
         self.apply_delay = apply_delay
+        self.upstream_timeout = upstream_timeout
         self.held: list[bytes] = []
         self.lost = 0
         self.patches = 0
@@ -108,7 +113,7 @@ class LossyApiProxy:
             lose = status_patch and self._count_patch()
             if status_patch and self.apply_delay > 0:
                 time.sleep(self.apply_delay)  # a slow apply: the client waits this much longer for its answer
-            with socket.create_connection(self.upstream, timeout=30) as up_raw:
+            with socket.create_connection(self.upstream, timeout=self.upstream_timeout) as up_raw:
                 with self._lock:
                     self._live.add(up_raw)
                 try:

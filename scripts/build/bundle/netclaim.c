@@ -10,13 +10,125 @@
  * mode (what -I gives under the C locale, so error texts match the source
  * plugin), no site, no bytecode writing, no module search path at all: every
  * import is a builtin or a frozen module, nothing is looked up on disk.
+ *
+ * Two things a bare `python3 -I -S -c pass` does are left out because a
+ * plugin run of a few milliseconds gains nothing from them (measured in
+ * docs/plugin.md, "Where a report-only ADD's time goes"):
+ *   - the cyclic garbage collector: it is switched off between the two
+ *     phases of initialization. Its collections were ~6% of an ADD's
+ *     instructions, and a run this short frees what it must by reference
+ *     counting (the few cycles left die with the process);
+ *   - the zipimport path hook: sys.path is empty, so no zip file is ever
+ *     imported from; importing zipimport at start-up cost ~1%.
+ *
+ * NETCLAIM_TRACE_START=1 in the environment prints, to stderr, where the start
+ * goes: CLOCK_MONOTONIC stamps of the start-up phases and of every audit event
+ * (imports, opens, sockets, renames); NETCLAIM_TRACE_START=imports adds
+ * `-X importtime`'s table. Unset, it costs one getenv().
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frozen.h"
+
+static int tracing;
+static char *trace_buf; /* the lines, written at once at the end: a write(2) each would be timed too */
+static size_t trace_len, trace_cap;
+
+/* One trace line: `netclaim-trace <monotonic ns> <what> [detail, at most 120 bytes]`. */
+static void
+trace(const char *what, const char *detail)
+{
+    struct timespec now;
+    char line[256];
+    int n;
+
+    if (!tracing) {
+        return;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    n = snprintf(line, sizeof(line), "netclaim-trace %lld %s%s%.120s\n",
+                 (long long)now.tv_sec * 1000000000LL + now.tv_nsec, what, detail ? " " : "", detail ? detail : "");
+    if (n <= 0) {
+        return;
+    }
+    if ((size_t)n >= sizeof(line)) {
+        n = sizeof(line) - 1;
+        line[n - 1] = '\n';
+    }
+    if (trace_len + n > trace_cap) {
+        size_t cap = trace_cap ? trace_cap * 2 : 1 << 16;
+        char *grown = realloc(trace_buf, cap);
+
+        if (grown == NULL) {
+            return;
+        }
+        trace_buf = grown;
+        trace_cap = cap;
+    }
+    memcpy(trace_buf + trace_len, line, n);
+    trace_len += n;
+}
+
+static void
+trace_flush(void)
+{
+    size_t done = 0;
+
+    while (done < trace_len) {
+        ssize_t n = write(2, trace_buf + done, trace_len - done);
+
+        if (n <= 0) {
+            break;
+        }
+        done += n;
+    }
+    trace_len = 0;
+}
+
+/*
+ * Audit hook (tracing only): each event with its first argument when that is
+ * a str or an int (the module an import names, the path a file is opened at,
+ * a socket's address family), else its type: a repr() of bytes or code could
+ * cost more than the phase being timed.
+ */
+static int
+trace_event(const char *event, PyObject *args, void *unused)
+{
+    PyObject *first, *text = NULL;
+    const char *detail = NULL;
+
+    (void)unused;
+    if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) == 0) {
+        trace(event, NULL);
+        return 0;
+    }
+    first = PyTuple_GET_ITEM(args, 0);
+    if (strcmp(event, "socket.__new__") == 0 && PyTuple_GET_SIZE(args) > 1) {
+        first = PyTuple_GET_ITEM(args, 1);
+    }
+    if (PyUnicode_Check(first)) {
+        detail = PyUnicode_AsUTF8(first);
+    }
+    else if (PyLong_Check(first)) {
+        text = PyObject_Str(first);
+        detail = text ? PyUnicode_AsUTF8(text) : NULL;
+    }
+    else {
+        detail = Py_TYPE(first)->tp_name;
+    }
+    if (detail == NULL) {
+        PyErr_Clear();
+    }
+    trace(event, detail);
+    Py_XDECREF(text);
+    return 0;
+}
 
 /*
  * What the source launcher does, `sys.exit(cni_plugin.main.main())`, with one
@@ -69,8 +181,10 @@ run_plugin(int *code)
     if (module == NULL) {
         return -1;
     }
+    trace("imported", "cni_plugin.main");
     result = PyObject_CallMethod(module, "main", NULL);
     Py_DECREF(module);
+    trace("returned", "main()");
     if (result == NULL) {
         return -1;
     }
@@ -89,11 +203,40 @@ run_plugin(int *code)
 static void
 die_status(PyConfig *config, PyStatus status)
 {
+    trace_flush();
     if (config != NULL) {
         PyConfig_Clear(config);
     }
     /* Writes the reason to stderr and exits 1, like a failed python start. */
     Py_ExitStatusException(status);
+}
+
+/*
+ * The second phase of initialization (encodings, the sys streams, the
+ * path-based importers), with the garbage collector already off and no
+ * zipimport hook: while sys.modules maps "zipimport" to None, the hook's
+ * import fails at once and initialization goes on without it (as it does
+ * on a Python built without zlib); the entry is removed again afterwards.
+ */
+static PyStatus
+init_main_phase(void)
+{
+    PyObject *modules;
+    PyStatus status;
+
+    PyGC_Disable();
+    modules = PyImport_GetModuleDict(); /* borrowed */
+    if (modules == NULL || PyDict_SetItemString(modules, "zipimport", Py_None) < 0) {
+        return PyStatus_Error("cannot set up sys.modules");
+    }
+    status = _Py_InitializeMain();
+    if (PyStatus_Exception(status)) {
+        return status;
+    }
+    if (PyDict_GetItemString(modules, "zipimport") == Py_None && PyDict_DelItemString(modules, "zipimport") < 0) {
+        return PyStatus_Error("cannot clean up sys.modules");
+    }
+    return PyStatus_Ok();
 }
 
 int
@@ -103,14 +246,20 @@ main(int argc, char **argv)
     PyPreConfig preconfig;
     PyConfig config;
     int code = 0;
+    const char *trace_start = getenv("NETCLAIM_TRACE_START");
 
     PyImport_FrozenModules = netclaim_frozen_modules;
+    tracing = trace_start != NULL && trace_start[0] != '\0';
+    trace("main", NULL);
 
     PyPreConfig_InitIsolatedConfig(&preconfig);
     preconfig.utf8_mode = 1;
     status = Py_PreInitializeFromBytesArgs(&preconfig, argc, argv);
     if (PyStatus_Exception(status)) {
         die_status(NULL, status);
+    }
+    if (tracing && PySys_AddAuditHook(trace_event, NULL) < 0) {
+        return 1;
     }
 
     PyConfig_InitIsolatedConfig(&config);
@@ -122,6 +271,9 @@ main(int argc, char **argv)
     config.parse_argv = 0;
     /* An empty, explicitly set search path: sys.path == []. */
     config.module_search_paths_set = 1;
+    config.import_time = tracing && strcmp(trace_start, "imports") == 0;
+    /* Core phase only: init_main_phase() does the rest. */
+    config._init_main = 0;
 
     status = PyConfig_SetBytesArgv(&config, argc, argv);
     if (PyStatus_Exception(status)) {
@@ -143,12 +295,21 @@ main(int argc, char **argv)
     if (PyStatus_Exception(status)) {
         die_status(NULL, status);
     }
+    trace("initialized", "core");
+    status = init_main_phase();
+    if (PyStatus_Exception(status)) {
+        die_status(NULL, status);
+    }
+    trace("initialized", "main");
     if (run_plugin(&code) < 0) {
+        trace_flush();
         PyErr_Print(); /* SystemExit exits here, after a full finalization */
         return Py_FinalizeEx() < 0 ? 120 : 1;
     }
     if (flush_std_file("stdout") < 0 || flush_std_file("stderr") < 0) {
         code = 120;
     }
+    trace("flushed", NULL);
+    trace_flush();
     _exit(code & 0xff);
 }

@@ -8,10 +8,17 @@ libpython comes from), the same plugin started from the source tree by the
 prevResult. "bundle" is what scripts/install.sh puts into the CNI bin dir: the
 fully static executable built by scripts/build-plugin.sh. The sandbox is a
 real netns with a veth eth0 (IPv4 + IPv6). The publisher is absent by default,
-so each ADD/DEL spools durably (fsync) to a temp dir, the slower of the two
-hand-off paths; `ack` rows use a trivial acking test server instead.
+so each ADD/DEL spools its event to a temp dir (the hand-off a node without a
+running publisher takes); `ack` rows use a trivial acking test server instead.
 
-    scripts/bench.py plugin [--runs N] [--doc docs/benchmarks.md]
+The headline, report-only ADD against the floor, is measured once more on its
+own, strictly alternating (floor, ADD, floor, ADD, ...: `--pairs` of them), so
+both see the same load from second to second. Then `--trace-runs` ADDs run
+with NETCLAIM_TRACE_START=1 (scripts/build/bundle/netclaim.c): the stamps they
+print split the ADD into phases (exec, interpreter init, each import group,
+config, read-back, hand-off, output, exit), reported as medians.
+
+    scripts/bench.py plugin [--runs N] [--pairs N] [--trace-runs N] [--doc docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-TARGETS = {"report_only_add_x_floor": 1.5, "setup_add_x_floor": 3.0, "report_only_peak_rss_mib": 30.0}
+TARGETS = {"report_only_add_x_floor": 1.0, "setup_add_x_floor": 3.0, "report_only_peak_rss_mib": 30.0}
 HEADLINE = "bundle ADD report-only (read-back, spool)"
 FLOOR = "floor python3 -I -S -c pass"
 ROUNDS = 5  # per-round medians give the ratio's range
@@ -38,6 +45,8 @@ ROUNDS = 5  # per-round medians give the ratio's range
 
 def add_arguments(parser) -> None:
     parser.add_argument("--runs", type=int, default=40, help="runs per case (interleaved)")
+    parser.add_argument("--pairs", type=int, default=200, help="floor/ADD pairs of the headline (alternating)")
+    parser.add_argument("--trace-runs", type=int, default=40, help="traced ADDs for the phase breakdown")
     parser.add_argument("--cni-bin", default="/usr/lib/cni", help="directory with the Go reference plugins")
     parser.add_argument("--python", default="/usr/bin/python3", help="interpreter for the source launcher and the floor")
     parser.add_argument("--root", default=str(REPO), help="directory containing the cni_plugin package to time")
@@ -65,6 +74,101 @@ def _run_timed(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[floa
     _pid, status, usage = os.wait4(pid, 0)
     return (time.perf_counter() - start, os.waitstatus_to_exitcode(status), b"".join(chunks),
             usage.ru_utime + usage.ru_stime)
+
+
+def _run_traced(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, int, str]:
+    """(CLOCK_MONOTONIC ns at spawn, ns when reaped, stderr) of one run with NETCLAIM_TRACE_START=1."""
+    r, w = os.pipe()
+    e_r, e_w = os.pipe()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    actions = [(os.POSIX_SPAWN_DUP2, r, 0), (os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, e_w, 2)]
+    start = time.monotonic_ns()
+    pid = os.posix_spawn(argv[0], argv, dict(env, NETCLAIM_TRACE_START="1"), file_actions=actions)
+    for fd in (r, e_w, devnull):
+        os.close(fd)
+    os.write(w, stdin)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(e_r, 65536):
+        chunks.append(chunk)
+    os.close(e_r)
+    _pid, status, _usage = os.wait4(pid, 0)
+    end = time.monotonic_ns()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"traced run failed: {b''.join(chunks).decode(errors='replace')[-300:]}")
+    return start, end, b"".join(chunks).decode(errors="replace")
+
+
+# The phases of a report-only ADD (read-back, publisher absent), each ending at
+# the first trace line that matches (what, detail; "" matches any detail); see
+# netclaim.c. socket.__new__'s detail is the address family: 1 is AF_UNIX.
+PHASES = (
+    ("exec to main()", ("main", "")),
+    ("interpreter init: core (types, builtins, importlib)", ("initialized", "core")),
+    ("interpreter init: encodings, sys streams, path importers", ("initialized", "main")),
+    ("import cni_plugin.main (config, errors, jsonio, log)", ("imported", "cni_plugin.main")),
+    ("CNI_* environment, stdin, JSON, config", ("import", "cni_plugin.commands")),
+    ("import commands, handoff, wire, safefs, results", ("import", "cni_plugin.interface")),
+    ("read-back: import interface, netlink, netns; setns; RTM_GETLINK", ("socket.__new__", "1")),
+    ("hand-off: socket (absent publisher), spool file", ("os.rename", "")),
+    ("log lines, result", ("returned", "main()")),
+    ("flush stdout/stderr", ("flushed", "")),
+)
+
+
+def _phase_split(start: int, end: int, trace: str) -> dict[str, float]:
+    """Milliseconds per phase of one traced run (PHASES, then process exit as seen by the parent)."""
+    stamps = []
+    for line in trace.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) >= 3 and parts[0] == "netclaim-trace":
+            stamps.append((int(parts[1]), parts[2], parts[3] if len(parts) > 3 else ""))
+    out: dict[str, float] = {}
+    previous, index = start, 0
+    for name, (what, detail) in PHASES:
+        while index < len(stamps) and not (stamps[index][1] == what and detail in ("", stamps[index][2])):
+            index += 1
+        if index == len(stamps):
+            raise RuntimeError(f"trace has no {what} {detail!r} stamp (phase {name!r})")
+        out[name] = (stamps[index][0] - previous) / 1e6
+        previous = stamps[index][0]
+    out["exit (until the parent reaps it)"] = (end - previous) / 1e6
+    return out
+
+
+def _abab(floor: tuple, add: tuple, pairs: int, spool: Path) -> dict:
+    """The headline pair measured alone, alternating floor and ADD: wall and CPU medians, ratios."""
+    walls: dict[str, list[float]] = {"floor": [], "add": []}
+    cpus: dict[str, list[float]] = {"floor": [], "add": []}
+    for i in range(pairs):
+        for key, call in (("floor", floor), ("add", add)):
+            wall, code, out, cpu = _run_timed(*call)
+            if code != 0:
+                raise RuntimeError(f"{key} failed ({code}): {out.decode()[:300]}")
+            walls[key].append(wall)
+            cpus[key].append(cpu)
+        if i % 20 == 19:
+            _empty(spool)
+    size = max(1, pairs // ROUNDS)
+    blocks = [statistics.median(walls["add"][b:b + size]) / statistics.median(walls["floor"][b:b + size])
+              for b in range(0, pairs - size + 1, size)]
+    med = {k: statistics.median(v) for k, v in walls.items()}
+    cpu = {k: statistics.median(v) for k, v in cpus.items()}
+    return {"pairs": pairs, "floor_ms": round(med["floor"] * 1000, 2), "add_ms": round(med["add"] * 1000, 2),
+            "x_floor": round(med["add"] / med["floor"], 2),
+            "x_floor_of_pairs": round(statistics.median(a / f for a, f in zip(walls["add"], walls["floor"])), 2),
+            "x_floor_range": _span(blocks), "cpu_x_floor": round(cpu["add"] / cpu["floor"], 2)}
+
+
+def _breakdown(add: tuple, runs: int, spool: Path) -> dict[str, float]:
+    """Median milliseconds of each phase over `runs` traced ADDs."""
+    samples: dict[str, list[float]] = {}
+    for i in range(runs):
+        for name, ms in _phase_split(*_run_traced(*add)).items():
+            samples.setdefault(name, []).append(ms)
+        if i % 20 == 19:
+            _empty(spool)
+    return {name: round(statistics.median(values), 3) for name, values in samples.items()}
 
 
 def _peak_rss_kib(argv: list[str], env: dict[str, str], stdin: bytes, out_file: str) -> int:
@@ -211,7 +315,10 @@ def run(args) -> dict:
                 rss[name].append(_peak_rss_kib(*call, out_file=str(tmp / "rss")))
                 if undo:
                     _run_timed(*undo)
-        figures = _figures(args.runs, walls, cpus, rss, built)
+        _empty(tmp / "spool")
+        headline = _abab(cases[FLOOR][0], cases[HEADLINE][0], args.pairs, tmp / "spool")
+        breakdown = _breakdown(cases[HEADLINE][0], args.trace_runs, tmp / "spool")
+        figures = _figures(args.runs, walls, cpus, rss, built, headline, breakdown)
         _print(figures)
         if args.doc:
             write_section(Path(args.doc), figures)
@@ -239,7 +346,7 @@ def _span(ratios: list[float]) -> str:
 
 
 def _figures(runs: int, walls: dict[str, list[float]], cpus: dict[str, list[float]], rss: dict[str, list[int]],
-             built: Path) -> dict:
+             built: Path, headline: dict, breakdown: dict[str, float]) -> dict:
     floor = statistics.median(walls[FLOOR])
     floor_cpu = statistics.median(cpus[FLOOR])
     rows = {}
@@ -257,16 +364,22 @@ def _figures(runs: int, walls: dict[str, list[float]], cpus: dict[str, list[floa
             "no Python, no shared library on the node). `launcher` = the same code from the source tree "
             "through `#!/usr/bin/python3 -IS`. Floor = the host's Debian `/usr/bin/python3 -I -S -c pass`. "
             "Runs of all cases are interleaved; the range is over per-block ratios. CPU = the child's "
-            "user + system time (wall time also holds the spool's fsync and other load)."),
+            "user + system time (wall time also holds waits and other load). The headline "
+            "(`report_only_add_x_floor`) is the separate alternating floor/ADD series (`headline.*`); "
+            "`breakdown_ms.*` splits a report-only ADD into phases (median of traced runs)."),
         "runs": runs,
         "load_average_1m": round(os.getloadavg()[0], 2),
-        "publisher": "absent (events spooled with fsync to a temp dir); 'ack' row: trivial acking server",
+        "publisher": "absent (events spooled to a temp dir); 'ack' row: trivial acking server",
         "floor": "/usr/bin/python3 -I -S -c pass (Debian python3.11, host)",
         "floor_ms": round(floor * 1000, 2),
         "cases": rows,
-        "report_only_add_x_floor": rows[HEADLINE]["x_floor"],
-        "report_only_add_x_floor_range": _span(head),
-        "report_only_add_cpu_x_floor": rows[HEADLINE]["cpu_x_floor"],
+        "headline": headline,
+        "report_only_add_x_floor": headline["x_floor"],
+        "report_only_add_x_floor_range": headline["x_floor_range"],
+        "report_only_add_cpu_x_floor": headline["cpu_x_floor"],
+        "matrix_report_only_add_x_floor": rows[HEADLINE]["x_floor"],
+        "matrix_report_only_add_x_floor_range": _span(head),
+        "breakdown_ms": breakdown,
         "launcher_report_only_add_x_floor": rows["launcher ADD report-only (read-back, spool)"]["x_floor"],
         "launcher_report_only_add_x_floor_range": _span(launcher),
         "setup_add_x_floor": rows["bundle ADD mtu+txQueueLen (spool)"]["x_floor"],
@@ -304,8 +417,14 @@ def _print(figures: dict) -> None:
     for name, row in figures["cases"].items():
         print(f"{name:50s} {row['median_ms']:10.2f} {row['x_floor']:8.2f} {row['cpu_x_floor']:12.2f} "
               f"{row['peak_rss_mib']:13.1f}")
-    print(f"report-only ADD range over blocks: bundle {figures['report_only_add_x_floor_range']}, "
+    h = figures["headline"]
+    print(f"headline, {h['pairs']} alternating pairs: floor {h['floor_ms']} ms, report-only ADD {h['add_ms']} ms "
+          f"= {h['x_floor']}x (pairs {h['x_floor_of_pairs']}x, blocks {h['x_floor_range']}, CPU {h['cpu_x_floor']}x)")
+    print(f"report-only ADD range over matrix blocks: bundle {figures['matrix_report_only_add_x_floor_range']}, "
           f"launcher {figures['launcher_report_only_add_x_floor_range']}")
+    print("where a report-only ADD's time goes (median ms of traced runs):")
+    for name, ms in figures["breakdown_ms"].items():
+        print(f"  {ms:8.3f}  {name}")
     for key, target in figures["targets"].items():
         mark = "ok" if figures["meets_targets"][key] else "MISS"
         print(f"{key}: {figures[key]} (target <= {target}) {mark}")

@@ -645,6 +645,7 @@ def _burst_table(b: dict[str, Any]) -> None:
         ("  status PATCHes seen by the proxy / ADDs spooled", f"{b['status_patches_at_proxy']} / {b['events_spooled']}", ""),
         ("  first ADD to last entry visible (s)", b["first_add_to_last_visible_s"], ""),
         ("  plugin ADD p50 / p99 (ms)", f"{b['plugin_add_ms']['p50']} / {b['plugin_add_ms']['p99']}", ""),
+        ("  publisher warnings", b["publisher_warnings"] or "none", ""),
     ])
     print(f"load average (1, 5, 15 min) after the burst: {b['load_average']}")
 

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[3]
 LEASE_FALLBACK_S = 30.0  # publisher/limits.py DIRTY_LEASE, for a publisher tree that predates it
 TARGET_REQUESTS_PER_ADD = 2.05
 SPOOLED = "netclaim_events_spooled_total"
+UPSTREAM_TIMEOUT_S = 3600.0
 
 Metrics = dict[str, float]
 
@@ -50,7 +51,9 @@ def slow_proxy(server: str, ca_file: str, workdir: Path, apply_delay: float) -> 
         from lossy_proxy import LossyApiProxy
     finally:
         sys.path.pop(0)
-    return LossyApiProxy(server, ca_file, workdir, apply_delay=apply_delay).start()
+    # Upstream reads may wait longer than the whole run: the publisher's pod watch, silent
+    # after the pods are listed, must not be cut (and relisted) by the proxy's own timeout.
+    return LossyApiProxy(server, ca_file, workdir, apply_delay=apply_delay, upstream_timeout=UPSTREAM_TIMEOUT_S).start()
 
 
 def proxy_kubeconfig(admin_kubeconfig: str, proxy: Any, path: Path) -> str:
@@ -101,6 +104,22 @@ def _ms(values: list[float]) -> dict[str, float]:
             "max": round(max(values), 1)}
 
 
+def _warnings(log: Path, keep: int = 5) -> dict[str, int]:
+    """The publisher's warning and error lines, counted by event and error (what made a request fail)."""
+    import json
+
+    out: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("level") in ("warning", "error"):
+            key = f"{rec.get('event')}: {str(rec.get('error', ''))[:120]}"
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:keep])
+
+
 def burst(bench: Any, pods: list[tuple[str, str, str]], proxy: Any, watcher_factory: Callable[[Any], Any],
           api_total: Callable[[Metrics], float], received: Callable[[Any], dict[str, float]]) -> dict[str, Any]:
     """The burst against a publisher already started through `proxy` and quiet."""
@@ -137,4 +156,5 @@ def burst(bench: Any, pods: list[tuple[str, str, str]], proxy: Any, watcher_fact
         "handoff_to_visible_ms": _ms([(seen[c] - got[cids[c]]) * 1000 for c in seen if cids[c] in got]),
         "first_add_to_last_visible_s": round(max(seen.values()) - start, 2) if seen else None,
         "target_api_requests_per_add": TARGET_REQUESTS_PER_ADD,
+        "publisher_warnings": _warnings(bench.dir / "publisher.log"),
     }
