@@ -42,11 +42,12 @@ _MIN_VERSION = {"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}
 RETIRED_MARKER = ".netclaim-retired"
 
 
-def _retired() -> bool:
-    """netclaim is uninstalled from this node and this executable only stays for old sandboxes.
+def _retired() -> str:
+    """The executable's path when netclaim is uninstalled from this node and it only stays for old
+    sandboxes, else ''.
 
-    Then DEL and GC do nothing and exit 0: nobody would ever read a spooled
-    event, and an uninstalled node must not grow files (publisher/chainkeeper.py
+    Then DEL and GC do nothing for netclaim and exit 0: nobody would ever read a
+    spooled event, and an uninstalled node must not grow files (publisher/chainkeeper.py
     remove_plugin). One readlink and one lstat; the marker sits beside the
     executable the runtime runs (a source-tree launcher's is the interpreter's
     directory, where no marker ever is).
@@ -54,8 +55,21 @@ def _retired() -> bool:
     try:
         exe = os.readlink("/proc/self/exe")
     except OSError:
-        return False
-    return os.path.lexists(os.path.join(os.path.dirname(exe), RETIRED_MARKER))
+        return ""
+    return exe if os.path.lexists(os.path.join(os.path.dirname(exe), RETIRED_MARKER)) else ""
+
+
+def _retire(exe: str, env: Env) -> None:
+    """The last DEL of a retired executable removes it and its marker (cni_plugin/retire.py).
+
+    Best effort and silent: whatever happens, the DEL exits 0 and prints nothing.
+    """
+    try:
+        from .retire import finish
+
+        finish(exe, env.container_id or "", env.ifname or "")
+    except Exception:  # noqa: BLE001 - a retired DEL never fails the runtime's teardown
+        pass
 
 
 def _emit(out: IO[bytes], document: dict[str, Any]) -> None:
@@ -85,8 +99,11 @@ def run(environ: Mapping[str, str], stdin: IO[bytes], log: Log, reply: _Reply) -
         from .commands import cmd_version
 
         return cmd_version()
-    if env.command in ("DEL", "GC") and _retired():
-        return None
+    if env.command in ("DEL", "GC"):
+        exe = _retired()
+        if exe:
+            _retire(exe, env)
+            return None
     raw = decode_stdin(data, env.command)
     reply.version = _reply_version(raw)
     if env.command == "DEL":

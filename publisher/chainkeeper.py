@@ -43,8 +43,6 @@ that list changes.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import os
@@ -74,6 +72,7 @@ from .conflist import (
     uninstall,
 )
 from cni_plugin.main import RETIRED_MARKER  # beside the executable: its DEL and GC do nothing
+from cni_plugin.retire import RETIRED_DIR, cached_attachments, marker_document, still_used
 
 PLUGIN_NAME = "netclaim"
 # Seconds to keep asking for the DaemonSet on SIGTERM (the chart's grace period is 30).
@@ -81,8 +80,9 @@ DECIDE_WITHIN = 15.0
 # Seconds between unchaining and removing the plugin: the runtimes reload the conf dir on an
 # inotify event, and a DEL that starts before the reload still runs the chain it had loaded.
 RELOAD_SETTLE = 2.0
-CACHE_FILES_MAX = 20000  # libcni cache files looked at (a node has one per attachment)
-CACHE_FILE_MAX_BYTES = 1 << 20
+# Seconds the final pass waits for teardowns in flight to drop their libcni cache entries before it
+# keeps the executable (within the grace period: DECIDE_WITHIN + RELOAD_SETTLE + this < 30).
+TEARDOWN_WAIT = 8.0
 Snapshot = tuple[tuple[str, int, int, int, str], ...]
 DIGEST_LIMIT = 1 << 20  # bytes of a network file hashed into the snapshot
 
@@ -98,6 +98,7 @@ class KeeperConfig:
     conflist: str = ""  # a file name in conf_dir; empty: the first network file by name
     cleanup_dirs: list[Path] = field(default_factory=list)  # emptied on uninstall (spool, journal)
     cache_dir: Path | None = None  # the runtimes' libcni cache dir (results/), read on uninstall
+    node_cache_dir: str = ""  # the same dir as the plugin on the node sees it (empty: cache_dir)
     poll_interval: float = 1.0
     # Tests only: seconds to stop at a point of an edit ("before-replace", "after-write"), to land a
     # write of another process exactly there.
@@ -264,6 +265,7 @@ class ChainKeeper:
         if copy_atomic(self.cfg.plugin_binary, target):
             self.log.info("plugin installed", extra={"path": str(target)})
         (self.cfg.bin_dir / RETIRED_MARKER).unlink(missing_ok=True)  # installed again: the plugin works again
+        shutil.rmtree(self.cfg.bin_dir / RETIRED_DIR, ignore_errors=True)
         st = target.stat()
         self._plugin_stat = (st.st_ino, st.st_mtime_ns)
 
@@ -388,8 +390,11 @@ class ChainKeeper:
                 self.log.warning("reconcile failed, will retry", extra={"error": str(exc)})
             self.stop.wait(self.cfg.poll_interval)
 
-    def remove_everything(self) -> None:
-        """Put the node back: conflists restored first, then the plugin (see remove_plugin), spool and journal."""
+    def remove_everything(self, teardown_wait: float = 0.0) -> None:
+        """Put the node back: conflists restored first, then the plugin (see remove_plugin), spool and journal.
+
+        `teardown_wait`: seconds to give teardowns in flight (helm uninstall deletes the pods with the
+        DaemonSet) to finish before the plugin is kept for them."""
         conf_dir = self.cfg.conf_dir
         names = set(os.listdir(conf_dir)) if conf_dir.is_dir() else set()
         targets = {conf_dir / n for n in names if n.endswith(NETWORK_EXTENSIONS)}
@@ -404,12 +409,12 @@ class ChainKeeper:
             if outcome != "unchanged":
                 unchained = True
                 self.log.info("netclaim unchained", extra={"conflist": path.name, "outcome": outcome})
-        self.remove_plugin(settle=RELOAD_SETTLE if unchained else 0.0)
+        self.remove_plugin(settle=RELOAD_SETTLE if unchained else 0.0, wait=teardown_wait)
         for directory in self.cfg.cleanup_dirs:
             empty_dir(directory)
         self.log.info("node cleaned up", extra={"removed": [str(d) for d in self.cfg.cleanup_dirs]})
 
-    def remove_plugin(self, settle: float) -> bool:
+    def remove_plugin(self, settle: float, wait: float = 0.0) -> bool:
         """Remove the plugin executable unless a runtime may still run it; True when removed.
 
         Unchaining stops new sandboxes from running netclaim, not old ones:
@@ -419,69 +424,79 @@ class ChainKeeper:
         for good. containerd uses the config it has loaded, which follows the
         conf dir on inotify, so it stops running netclaim once it has reloaded
         (`settle`). So the executable is kept while any cached config chains
-        this install's netclaim (same socketPath as this keeper's entry), and
-        a marker beside it (RETIRED_MARKER) makes its DEL and GC do nothing
-        and exit 0 (cni_plugin/main.py): nobody would read a spooled event,
-        and the node must not grow files. The log line names the sandboxes;
-        `chain-keeper --uninstall` removes both once they are gone (a new
-        install removes the marker).
+        this install's netclaim (same socketPath as this keeper's entry), after
+        waiting up to `wait` seconds for teardowns in flight. Then a marker
+        beside it (RETIRED_MARKER, naming the cache dir as the node sees it)
+        makes its DEL and GC do nothing and exit 0 (cni_plugin/main.py): nobody
+        would read a spooled event, and the node must not grow files. The last
+        of those DELs removes marker and executable (cni_plugin/retire.py), by
+        the same rule as this pass; `chain-keeper --uninstall` does too, and a
+        new install removes the marker.
         """
         target, marker = self.cfg.bin_dir / PLUGIN_NAME, self.cfg.bin_dir / RETIRED_MARKER
         if not target.exists():
-            marker.unlink(missing_ok=True)
-            return False
-        users = cached_users(self.cfg.cache_dir, str(self.cfg.entry.get("socketPath") or ""))
-        if users:
-            marker.touch(mode=0o644, exist_ok=True)
-            self.log.warning("plugin kept (its DEL now does nothing): a runtime still holds a cached config that "
-                             "runs it; remove it with `chain-keeper --uninstall` once these sandboxes are gone",
-                             extra={"path": str(target), "sandboxes": len(users), "containerIDs": users[:20],
-                                    "cache_dir": str(self.cfg.cache_dir)})
+            self.forget_retirement()
             return False
         if settle > 0:
             time.sleep(settle)
+        users = self.wait_for_teardowns(wait)
+        if users:
+            self.write_marker()
+            self.log.warning("plugin kept (its DEL now does nothing): a runtime still holds a cached config that "
+                             "runs it; the last of those sandboxes' teardown removes it",
+                             extra={"path": str(target), "sandboxes": len(users), "containerIDs": users[:20],
+                                    "cache_dir": str(self.cfg.cache_dir), "marker": str(marker)})
+            return False
         target.unlink(missing_ok=True)
-        marker.unlink(missing_ok=True)
+        self.forget_retirement()
         self.log.info("plugin removed", extra={"path": str(target)})
         return True
 
+    def cached_users(self) -> list[str]:
+        """ContainerIDs whose cached config still runs this install's netclaim (the plugin's own rule)."""
+        if self.cfg.cache_dir is None:
+            return []
+        socket_path = str(self.cfg.entry.get("socketPath") or "")
+        if not still_used(str(self.cfg.bin_dir), str(self.cfg.cache_dir), socket_path, ("", "")):
+            return []
+        return [cid for cid, _ifname in cached_attachments(str(self.cfg.cache_dir), socket_path)]
 
-def cached_chain(raw: bytes, socket_path: str) -> str:
-    """The containerID of one libcni cache file whose cached config chains netclaim, else ''."""
-    try:
-        doc = json.loads(raw)
-        config = json.loads(base64.b64decode(doc.get("config") or ""))
-    except (ValueError, TypeError, binascii.Error, AttributeError):
-        return ""
-    plugins = config.get("plugins") if isinstance(config, dict) else None
-    plugins = plugins if isinstance(plugins, list) else [config]
-    for plugin in plugins:
-        if isinstance(plugin, dict) and plugin.get("type") == PLUGIN_NAME and (
-                not socket_path or plugin.get("socketPath") == socket_path):
-            return str(doc.get("containerId") or "?")
-    return ""
+    def wait_for_teardowns(self, wait: float) -> list[str]:
+        """The cached users once none is left or `wait` seconds passed (teardowns in flight finish)."""
+        deadline = time.monotonic() + wait
+        users = self.cached_users()
+        while users and time.monotonic() < deadline:
+            time.sleep(0.2)
+            users = self.cached_users()
+        return users
+
+    def write_marker(self) -> None:
+        """The marker, atomically and 0644: the plugin on the node reads the cache dir from it."""
+        node_cache_dir = self.cfg.node_cache_dir or str(self.cfg.cache_dir or "")
+        data = marker_document(node_cache_dir, str(self.cfg.entry.get("socketPath") or ""))
+        marker = self.cfg.bin_dir / RETIRED_MARKER
+        tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                os.fchmod(fh.fileno(), 0o644)
+                os.fsync(fh.fileno())
+            os.replace(tmp, marker)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def forget_retirement(self) -> None:
+        """No retired executable any more: neither its marker nor its DELs' records stay."""
+        (self.cfg.bin_dir / RETIRED_MARKER).unlink(missing_ok=True)
+        shutil.rmtree(self.cfg.bin_dir / RETIRED_DIR, ignore_errors=True)
 
 
 def cached_users(cache_dir: Path | None, socket_path: str) -> list[str]:
     """ContainerIDs whose runtime-cached config (libcni's results cache) runs netclaim on DEL."""
     if cache_dir is None:
         return []
-    results = cache_dir / "results"
-    try:
-        names = sorted(os.listdir(results))[:CACHE_FILES_MAX]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    users = []
-    for name in names:
-        try:
-            with open(results / name, "rb") as fh:
-                raw = fh.read(CACHE_FILE_MAX_BYTES)
-        except OSError:
-            continue
-        cid = cached_chain(raw, socket_path)
-        if cid:
-            users.append(cid)
-    return users
+    return [cid for cid, _ifname in cached_attachments(str(cache_dir), socket_path)]
 
 
 def empty_dir(directory: Path) -> None:
@@ -566,7 +581,7 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     state = decide() if decide is not None else "unknown"
     log.info("chain keeper stopping", extra={"owner": state})
     if state == "gone":
-        keeper.remove_everything()
+        keeper.remove_everything(teardown_wait=TEARDOWN_WAIT)
     if health is not None:
         health.stop()
     return 0

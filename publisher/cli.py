@@ -267,6 +267,9 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
               show_default=True, type=click.Path(file_okay=False),
               help="The runtimes' libcni cache dir, as mounted here: on uninstall the plugin is kept while a "
                    "cached config there still runs it (empty: not looked at).")
+@click.option("--plugin-cni-cache-dir", envvar="NETCLAIM_PLUGIN_CNI_CACHE_DIR", show_envvar=True, default="",
+              help="The libcni cache dir as the plugin on the node sees it, written into the marker of a kept "
+                   "plugin so that its last DEL can remove it (empty: --cni-cache-dir).")
 @click.option("--cleanup-dir", envvar="NETCLAIM_CLEANUP_DIRS", show_envvar=True, multiple=True,
               type=click.Path(file_okay=False), help="Emptied on uninstall (spool, journal, socket dir); repeatable.")
 @click.option("--poll-interval", envvar="NETCLAIM_POLL_INTERVAL", show_envvar=True, default=1.0,
@@ -281,7 +284,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
               help="Kubeconfig for the DaemonSet check; without it the in-cluster service account.")
 @click.option("--once", is_flag=True, help="Install and chain once, then exit (an init container).")
 @click.option("--uninstall", "uninstall_now", is_flag=True,
-              help="Unchain, remove the plugin and empty the cleanup dirs now, then exit.")
+              help="Unchain, remove the plugin (unless a cached config still runs it) and empty the cleanup dirs "
+                   "now, then exit.")
 @click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
               type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON or text.")
 @click.option("--node-name", envvar="NETCLAIM_NODE_NAME", show_envvar=True, default="",
@@ -293,7 +297,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
               help="Tests only: stop at a point of an edit (before-replace, after-write).")
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
-                 plugin_log_file: str, cni_cache_dir: str, cleanup_dir: tuple[str, ...], poll_interval: float,
+                 plugin_log_file: str, cni_cache_dir: str, plugin_cni_cache_dir: str, cleanup_dir: tuple[str, ...], poll_interval: float,
                  daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
                  log_format: str, node_name: str, metrics_address: str, test_pause: tuple[str, ...]) -> None:
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
@@ -317,7 +321,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     cfg = chainkeeper.KeeperConfig(
         conf_dir=Path(cni_conf_dir), bin_dir=Path(cni_bin_dir), plugin_binary=Path(plugin_binary), entry=entry,
         conflist=conflist, cleanup_dirs=[Path(d) for d in cleanup_dir], poll_interval=poll_interval,
-        cache_dir=Path(cni_cache_dir) if cni_cache_dir else None,
+        cache_dir=Path(cni_cache_dir) if cni_cache_dir else None, node_cache_dir=plugin_cni_cache_dir,
         test_pauses={k: float(v) for k, _, v in (p.partition("=") for p in test_pause)})
     if uninstall_now:
         sys.exit(chainkeeper.uninstall_now(cfg))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
@@ -18,3 +21,11 @@ def tmp_root() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def plugin_binary() -> Path:
+    """The real self-contained plugin (scripts/build-plugin.sh, cached)."""
+    proc = subprocess.run([str(REPO / "scripts" / "build-plugin.sh")], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, f"scripts/build-plugin.sh failed: {proc.stderr[-2000:]}"
+    return Path(proc.stdout.strip().splitlines()[-1])

@@ -36,14 +36,6 @@ PRIMARY = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [
 ]}
 
 
-@pytest.fixture(scope="module")
-def plugin_binary() -> Path:
-    """The real self-contained plugin (scripts/build-plugin.sh, cached)."""
-    proc = subprocess.run([str(REPO / "scripts" / "build-plugin.sh")], capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, f"scripts/build-plugin.sh failed: {proc.stderr[-2000:]}"
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
 class Node:
     def __init__(self, root: Path) -> None:
         self.net_d = root / "etc" / "cni" / "net.d"
