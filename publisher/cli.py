@@ -89,9 +89,16 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
     else:
         what = "no --kubeconfig or KUBECONFIG given and the in-cluster service account is unusable"
     try:
-        return load_client(kubeconfig, pool_size=pool_size)
+        client = load_client(kubeconfig, pool_size=pool_size)
     except (ConfigError, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise config_error(what, exc) from None
+    if getattr(getattr(client, "endpoint", None), "system_roots", False):
+        from . import logs
+
+        logs.get().warning("the kubeconfig names no certificate-authority: the API server's certificate is "
+                           "checked against the system's CA store (as kubectl does); name the cluster's CA to "
+                           "trust it alone", extra={"kubeconfig": kubeconfig or ""})
+    return client
 
 
 @cli.command()
