@@ -216,6 +216,20 @@ class Credentials:
         return client
 
 
+def tls_failure(exc: BaseException) -> bool:
+    """Whether a request without an answer failed in TLS: the server's certificate was not trusted,
+    or it refused ours. urllib3 may wrap the ssl error (a ProtocolError whose argument it is, when a
+    TLS 1.3 server's refusal of the client certificate arrives with the first read)."""
+    seen: list[BaseException] = [exc]
+    for current in seen:
+        if isinstance(current, (urllib3.exceptions.SSLError, ssl.SSLError)):
+            return True
+        if len(seen) < 8:
+            seen += [e for e in (current.__cause__, current.__context__, *current.args)
+                     if isinstance(e, BaseException) and e not in seen]
+    return False
+
+
 def reason_of(code: int, tls: bool = False) -> str:
     """A failed call's short, fixed reason: what /readyz may say (never the server's own words, which
     are the log's: an upstream body is no answer for every prober of the node)."""
@@ -356,7 +370,7 @@ class Kube:
             resp = self.api_client.request(method, path, query, headers, body, timeout, stream=stream)
         except Exception as exc:  # urllib3/ssl/socket errors: no answer from the server
             self.record(verb, "error")
-            tls = isinstance(exc, (urllib3.exceptions.SSLError, ssl.SSLError))
+            tls = tls_failure(exc)
             self._note(0, f"{type(exc).__name__}: {exc}", tls)
             raise (TlsFailed if tls else TransientError)(0, f"{type(exc).__name__}: {exc}") from None
         self.record(verb, str(resp.status))
