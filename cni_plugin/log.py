@@ -156,7 +156,8 @@ class Log:
                     self._fd = _open_log(self.path)
                 except OSError as exc:
                     self._fd = 2
-                    self.unusable = str(exc) if isinstance(exc, RefusedLogFile) else f"{type(exc).__name__}: {exc}"
+                    refused = isinstance(exc, RefusedLogFile)
+                    self.unusable = exc.strerror if refused else f"{type(exc).__name__}: {exc}"
                     self._say_refused()
         return self._fd
 
