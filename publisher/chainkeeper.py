@@ -410,9 +410,8 @@ class ChainKeeper:
                 unchained = True
                 self.log.info("netclaim unchained", extra={"conflist": path.name, "outcome": outcome})
         self.remove_plugin(settle=RELOAD_SETTLE if unchained else 0.0, wait=teardown_wait)
-        for directory in self.cfg.cleanup_dirs:
-            empty_dir(directory)
-        self.log.info("node cleaned up", extra={"removed": [str(d) for d in self.cfg.cleanup_dirs]})
+        emptied = [str(d) for d in self.cfg.cleanup_dirs if empty_dir(d)]
+        self.log.info("node cleaned up", extra={"removed": emptied})
 
     def remove_plugin(self, settle: float, wait: float = 0.0) -> bool:
         """Remove the plugin executable unless a runtime may still run it; True when removed.
@@ -499,17 +498,63 @@ def cached_users(cache_dir: Path | None, socket_path: str) -> list[str]:
     return [cid for cid, _ifname in cached_attachments(str(cache_dir), socket_path)]
 
 
-def empty_dir(directory: Path) -> None:
-    """Remove what is inside (the directory itself may be a mount point)."""
+OWN_DIR_WORD = "netclaim"  # the last segment of a directory uninstall may empty contains it (the chart's rule)
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """/proc/self/mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        field = field.replace(code, chr(int(code[1:], 8)))
+    return field
+
+
+def node_path_of(directory: Path, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The directory as the node names it: for a mount point (the DaemonSet's hostPath volume, which
+    the container sees as /host/netclaim/state), the mounted dir's path within its filesystem
+    (`root` of the topmost mount there, "/" for a whole filesystem); else its real path."""
+    real = os.path.realpath(directory)
+    node = real
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 4 and _unescape_mountinfo(fields[4]) == real:
+                    node = _unescape_mountinfo(fields[3])  # later lines are mounted on top
+    except OSError:
+        pass
+    return node
+
+
+def not_netclaims_own(directory: Path) -> str | None:
+    """Why uninstall must not empty `directory` (one line), or None when it is netclaim's own.
+
+    Defence in depth behind the chart's schema: a hostPath set to a shared dir (/run, /var/lib,
+    a filesystem's root) by an older chart or a hand-written manifest is refused here too."""
+    node = node_path_of(directory)
+    last = node.rstrip("/").rsplit("/", 1)[-1]
+    if OWN_DIR_WORD in last:
+        return None
+    return (f"{directory} is {node or '/'} on the node, not a directory of netclaim's own (its last segment "
+            f"must contain {OWN_DIR_WORD!r}): left as it is")
+
+
+def empty_dir(directory: Path) -> bool:
+    """Remove what is inside (the directory itself may be a mount point), when it is netclaim's own;
+    True when it was emptied (or is absent)."""
+    problem = not_netclaims_own(directory)
+    if problem is not None:
+        logs.get().warning("cleanup dir not emptied", extra={"dir": str(directory), "reason": problem})
+        return False
     try:
         entries = list(directory.iterdir())
     except FileNotFoundError:
-        return
+        return True
     for entry in entries:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
+    return True
 
 
 # ---------------------------------------------------------------- uninstall or upgrade?

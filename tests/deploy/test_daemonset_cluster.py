@@ -93,8 +93,8 @@ class NodeFiles:
         self.conf = Path(cluster.values["NETCLAIM_CNI_CONF"])
         self.bin = Path(cluster.values["NETCLAIM_CNI_BIN"])
         self.conflist = Path(cluster.values["NETCLAIM_CONFLIST"])
-        self.run = Path(cluster.dir) / "ncd-run"
-        self.state = Path(cluster.dir) / "ncd-state"
+        self.run = Path(cluster.dir) / "netclaim-run"
+        self.state = Path(cluster.dir) / "netclaim-state"
 
     def snapshot(self) -> dict[str, Any]:
         return {
