@@ -64,6 +64,7 @@ from .conflist import (
     Refused,
     backup_of,
     converted_name,
+    has_entry,
     in_place,
     install,
     is_multus,
@@ -144,6 +145,13 @@ def holds_entry_of(path: Path, entry: dict[str, Any]) -> bool:
     mine = (entry.get("driverName"), entry.get("request") or "")
     return any(p.get("type") == "netclaim" and (p.get("driverName"), p.get("request") or "") == mine
                for p in doc["plugins"])
+
+
+def another_networks_file(path: Path, entry: dict[str, Any]) -> bool:
+    """The file (or the conflist it was converted to) chains netclaim, but never the keeper's entry:
+    another network's, which the operator wrote and the running keeper never touches."""
+    held = path if path.exists() or path.suffix == ".conflist" else converted_name(path)
+    return has_entry(held) and not holds_entry_of(held, entry)
 
 
 def chained_in_place(path: Path) -> bool:
@@ -393,6 +401,9 @@ class ChainKeeper:
     def remove_everything(self, teardown_wait: float = 0.0) -> None:
         """Put the node back: conflists restored first, then the plugin (see remove_plugin), spool and journal.
 
+        Only what the keeper manages is unchained: a conflist whose netclaim entries are all of another
+        driver or request (another network's, by the rule of holds_entry_of) stays byte for byte.
+
         `teardown_wait`: seconds to give teardowns in flight (helm uninstall deletes the pods with the
         DaemonSet) to finish before the plugin is kept for them."""
         conf_dir = self.cfg.conf_dir
@@ -401,6 +412,10 @@ class ChainKeeper:
         targets |= {conf_dir / n[: -len(BACKUP_SUFFIX)] for n in names if n.endswith(BACKUP_SUFFIX)}
         unchained = False
         for path in sorted(targets):
+            if another_networks_file(path, self.cfg.entry):
+                self.log.info("conflist left as it is: its netclaim entry is another network's",
+                              extra={"conflist": path.name})
+                continue
             try:
                 outcome = uninstall(path)
             except Refused as exc:

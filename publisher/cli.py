@@ -284,8 +284,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
               help="Kubeconfig for the DaemonSet check; without it the in-cluster service account.")
 @click.option("--once", is_flag=True, help="Install and chain once, then exit (an init container).")
 @click.option("--uninstall", "uninstall_now", is_flag=True,
-              help="Unchain, remove the plugin (unless a cached config still runs it) and empty the cleanup dirs "
-                   "now, then exit.")
+              help="Unchain the entry of --driver-name and --request, remove the plugin (unless a cached config "
+                   "still runs it) and empty the cleanup dirs now, then exit.")
 @click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
               type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON or text.")
 @click.option("--node-name", envvar="NETCLAIM_NODE_NAME", show_envvar=True, default="",
@@ -312,10 +312,14 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     logs.setup(log_format, "info")
     if not uninstall_now and not os.path.isfile(plugin_binary):
         raise click.ClickException(f"plugin executable {plugin_binary}: no such file")
+    if uninstall_now and not driver_name:
+        # Only the keeper's own entry (its driver and request) is taken out; another network's stays.
+        raise click.UsageError("--uninstall needs --driver-name (and --request, when the install set one): "
+                               "it removes only the entry of that driver and request")
     try:
         entry = build_entry([f"driverName={driver_name}", f"request={request}", f"socketPath={plugin_socket}",
                              f"spoolDir={plugin_spool_dir}", f"failurePolicy={failure_policy}",
-                             f"logFile={plugin_log_file}"]) if not uninstall_now else {"socketPath": plugin_socket}
+                             f"logFile={plugin_log_file}"])
     except Refused as exc:
         raise click.UsageError(f"{exc} (--driver-name)") from None
     cfg = chainkeeper.KeeperConfig(
