@@ -711,6 +711,7 @@ def uninstall_now(cfg: KeeperConfig) -> int:
             logs.get().error("a chain keeper runs on this node (it holds the node lock): stop it first",
                              extra={"lock": str(lock.path)})
             return 1
+        lock.claim()  # under the lock: the claim of a keeper that is gone is ours now, and goes with it
     try:
         ChainKeeper(cfg).remove_everything()
     finally:

@@ -548,6 +548,24 @@ def test_uninstall_by_hand_names_the_entry_it_removes(node: Node, plugin_binary:
     assert proc.returncode == 2 and "--uninstall needs --driver-name" in proc.stderr, proc.stderr
 
 
+def test_uninstall_by_hand_waits_its_turn_on_the_node_lock(node: Node, plugin_binary: Path, tmp_root: Path) -> None:
+    """While a keeper holds the node lock (it would chain netclaim back in at once), the hand uninstall
+    refuses with the reason and changes nothing; once the keeper stopped it cleans, lock files included."""
+    node.write("10-calico.conflist", PRIMARY)
+    lock = f"--lock-dir={node.spool.parent}"
+    with running_keeper(node, plugin_binary, tmp_root, lock) as keeper:
+        wait(lambda: node.chained("10-calico.conflist"), "the first chaining", keeper, tmp_root)
+        proc = subprocess.run(keeper_argv(node, plugin_binary, "--uninstall", lock), capture_output=True,
+                              text=True, env=python_env(), timeout=60)
+        assert proc.returncode == 1 and "a chain keeper runs on this node" in proc.stderr, proc.stderr
+        assert node.chained("10-calico.conflist") and (node.bin_d / "netclaim").exists()
+    proc = subprocess.run(keeper_argv(node, plugin_binary, "--uninstall", lock), capture_output=True, text=True,
+                          env=python_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not node.chained("10-calico.conflist") and not (node.bin_d / "netclaim").exists()
+    assert list(node.spool.parent.iterdir()) == []
+
+
 def test_issue18_item5_not_chained_is_not_ready_and_logged_once(node: Node, plugin_binary, tmp_root: Path) -> None:
     (node.net_d / "10-broken.conflist").write_bytes(b'{"plugins": [')
     with running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:
