@@ -49,7 +49,8 @@ def test_the_defaults_and_a_custom_netclaim_dir_render() -> None:
     paths = {v["name"]: v["hostPath"]["path"] for v in one(docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
              if "hostPath" in v}
     assert (paths["run"], paths["state"]) == ("/run/netclaim-b", "/var/lib/netclaim-b")
-    helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), "--set", "hostPaths.state=/var/lib/netclaim-b")
+    helm("lint", "--strict", str(CHART), "--kube-version", kube_version(),
+         "--set", "hostPaths.state=/var/lib/netclaim-b")
 
 
 # ---------------------------------------------------------------- the keeper's own refusal
