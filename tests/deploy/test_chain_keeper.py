@@ -516,6 +516,56 @@ def test_issue17_item3_another_networks_entry_is_left_alone(node: Node, plugin_b
             "netclaim", "nic")
 
 
+def test_uninstall_strips_only_the_keepers_entry_and_leaves_another_networks_conflist(
+        node: Node, plugin_binary: Path, tmp_root: Path) -> None:
+    """An operator's second network (containerd's multi-network, or a file a NetworkAttachmentDefinition's
+    chain is copied from) chains netclaim with its own request: the running keeper never touches it, and
+    neither may its uninstall. The keeper's own conflist gets its original bytes back."""
+    original = node.write("10-calico.conflist", PRIMARY)
+    storage = {"cniVersion": "1.0.0", "name": "storage", "plugins": [
+        PRIMARY["plugins"][0], {"type": "netclaim", "driverName": DRIVER, "request": "nic1"}]}
+    stored = node.write("11-storage.conflist", storage)
+    other_driver = {"cniVersion": "1.0.0", "name": "sriov", "plugins": [
+        {"type": "sriov"}, {"type": "netclaim", "driverName": "sriov.example.com", "request": "nic"}]}
+    sriov = node.write("12-sriov.conflist", other_driver)
+    with running_keeper(node, plugin_binary, tmp_root) as keeper:
+        wait(lambda: node.chained("10-calico.conflist"), "the first chaining", keeper, tmp_root)
+        keeper.send_signal(signal.SIGTERM)
+        assert keeper.wait(10) == 0
+    proc = subprocess.run(keeper_argv(node, plugin_binary, "--uninstall"), capture_output=True, text=True,
+                          env=python_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (node.net_d / "10-calico.conflist").read_bytes() == original  # the managed one: stripped
+    assert (node.net_d / "11-storage.conflist").read_bytes() == stored, "uninstall stripped another network's entry"
+    assert (node.net_d / "12-sriov.conflist").read_bytes() == sriov
+    assert sorted(os.listdir(node.net_d)) == ["10-calico.conflist", "11-storage.conflist", "12-sriov.conflist"]
+
+
+def test_uninstall_by_hand_names_the_entry_it_removes(node: Node, plugin_binary: Path) -> None:
+    """Without --driver-name the hand uninstall cannot tell its entry from another network's: it says so."""
+    argv = [a for a in keeper_argv(node, plugin_binary, "--uninstall") if not a.startswith("--driver-name")]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=python_env(), timeout=60)
+    assert proc.returncode == 2 and "--uninstall needs --driver-name" in proc.stderr, proc.stderr
+
+
+def test_uninstall_by_hand_waits_its_turn_on_the_node_lock(node: Node, plugin_binary: Path, tmp_root: Path) -> None:
+    """While a keeper holds the node lock (it would chain netclaim back in at once), the hand uninstall
+    refuses with the reason and changes nothing; once the keeper stopped it cleans, lock files included."""
+    node.write("10-calico.conflist", PRIMARY)
+    lock = f"--lock-dir={node.spool.parent}"
+    with running_keeper(node, plugin_binary, tmp_root, lock) as keeper:
+        wait(lambda: node.chained("10-calico.conflist"), "the first chaining", keeper, tmp_root)
+        proc = subprocess.run(keeper_argv(node, plugin_binary, "--uninstall", lock), capture_output=True,
+                              text=True, env=python_env(), timeout=60)
+        assert proc.returncode == 1 and "a chain keeper runs on this node" in proc.stderr, proc.stderr
+        assert node.chained("10-calico.conflist") and (node.bin_d / "netclaim").exists()
+    proc = subprocess.run(keeper_argv(node, plugin_binary, "--uninstall", lock), capture_output=True, text=True,
+                          env=python_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not node.chained("10-calico.conflist") and not (node.bin_d / "netclaim").exists()
+    assert list(node.spool.parent.iterdir()) == []
+
+
 def test_issue18_item5_not_chained_is_not_ready_and_logged_once(node: Node, plugin_binary, tmp_root: Path) -> None:
     (node.net_d / "10-broken.conflist").write_bytes(b'{"plugins": [')
     with running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:

@@ -110,7 +110,7 @@ def test_publisher_mounts_nothing_it_does_not_use() -> None:
     pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
     mounts = {c["name"]: {m["name"] for m in c["volumeMounts"]} for c in pod["containers"] + pod["initContainers"]}
     assert mounts["publisher"] == {"run", "state", "api-token", "tmp"}
-    assert mounts["install"] == {"cni-bin", "cni-conf", "tmp"}
+    assert mounts["install"] == {"cni-bin", "cni-conf", "state", "tmp"}  # state: the node lock only
     assert "netns" not in {v["name"] for v in pod["volumes"]}  # nothing reads /run/netns
 
 
