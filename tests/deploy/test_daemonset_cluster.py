@@ -284,7 +284,7 @@ def can_i(cluster: RealCluster, verb: str, what: str, account: str) -> bool:
     return out.strip() == "yes"
 
 
-def test_issue18_item3_refused_credentials_keep_the_node_and_uninstall_cleans_it(cluster: RealCluster,
+def test_refused_credentials_keep_the_node_and_uninstall_cleans_it(cluster: RealCluster,
                                                                                   images: dict[str, str]) -> None:
     """401 (ServiceAccount re-created during an upgrade), 403 (the keeper's RoleBinding gone) and an API
     server that is down on SIGTERM keep netclaim chained, the plugin and the journal; `helm uninstall`

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import POD_ARGS, Dirs, run_plugin
-from .test_issue16 import prev_result
+from .test_plugin_input_and_handoff_limits import prev_result
 
 NETWORK = "logfile-net"
 POD_DETAILS = ("web-0", "team-a", "uid-123")  # from POD_ARGS: must never reach a refused name or stderr
