@@ -11,6 +11,23 @@ API server with urllib3 alone. What a node agent is never given is refused
 with a clear error instead of half-supported: exec plugins, auth providers,
 basic auth, proxies.
 
+Whom the client trusts is exactly what the kubeconfig names, as client-go
+reads it, and stricter where client-go is lax:
+- the API server's certificate is checked against the kubeconfig's CA alone
+  (`certificate-authority` or `-data`; in a pod the service account's
+  `ca.crt`), never against the system store as well. A CA that is named but
+  empty is an error (it would otherwise mean "the system store"). Only a
+  kubeconfig that names no CA at all falls back to the system store, as
+  client-go does; the publisher logs a warning at start when it does.
+- `insecure-skip-tls-verify` together with a CA is an error (client-go refuses
+  it too: one of the two is a mistake).
+- host names are matched against the certificate's subject alternative names
+  only, never its common name (as Go's TLS does since Go 1.15), also with
+  `tls-server-name`.
+- `tokenFile` wins over an inline `token` (as client-go: the file is the one
+  kept fresh); a token with a line break or any other character a header
+  cannot carry is refused, naming where it came from, never its value.
+
 Retries are not done here: the publisher's journal and backoff own them, so an
 outage must surface at once, not hide behind a retry loop.
 """
@@ -20,6 +37,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import ssl
 import urllib.parse
 from dataclasses import dataclass
@@ -50,6 +68,11 @@ class Endpoint:
     def __repr__(self) -> str:  # never a token or a key in a log line or a traceback
         return f"Endpoint(server={self.server!r}, token={'set' if self.token else 'none'})"
 
+    @property
+    def system_roots(self) -> bool:
+        """No CA was named at all: the server is checked against the system store (as client-go does)."""
+        return not self.insecure and not self.ca_pem
+
 
 def _read(path: str, base: str, what: str) -> bytes:
     full = path if os.path.isabs(path) else os.path.join(base, path)
@@ -61,15 +84,57 @@ def _read(path: str, base: str, what: str) -> bytes:
 
 
 def _data_or_file(section: dict[str, Any], key: str, base: str) -> bytes:
-    """`<key>-data` (base64) wins over `<key>` (a file, relative to the kubeconfig), as kubectl reads them."""
+    """`<key>-data` (base64) wins over `<key>` (a file, relative to the kubeconfig), as kubectl reads them.
+
+    One that is named but holds nothing is an error naming it: for a CA, "empty" would
+    otherwise silently mean "whatever the system store trusts"."""
     data = section.get(f"{key}-data")
-    if data:
+    if data is not None and data != "":
         try:
-            return base64.b64decode(data, validate=True)
-        except ValueError:
+            decoded = base64.b64decode(data, validate=True)
+        except (ValueError, TypeError):
             raise ConfigError(f"{key}-data is not base64") from None
+        if not decoded.strip():
+            raise ConfigError(f"{key}-data is empty")
+        return decoded
     path = section.get(key)
-    return _read(path, base, key) if path else b""
+    if not path:
+        return b""
+    content = _read(path, base, key)
+    if not content.strip():
+        raise ConfigError(f"{key} {_full(path, base)} is empty")
+    return content
+
+
+def _full(path: str, base: str) -> str:
+    return path if os.path.isabs(path) else os.path.join(base, path)
+
+
+# What a bearer token may hold: visible ASCII (a JWT, or a static token). A line break would split the
+# Authorization header; the HTTP layer then refuses it with an error that quotes the header, token and all.
+_TOKEN = re.compile(r"[\x21-\x7e]+")
+
+
+def checked_token(token: str, where: str) -> str:
+    """The token without surrounding whitespace (a file written by `echo`), or ConfigError naming
+    `where` it came from: never a word of the token itself."""
+    token = token.strip()
+    if token and not _TOKEN.fullmatch(token):
+        what = "a line break" if ("\n" in token or "\r" in token) else "a space or a control character"
+        raise ConfigError(f"{where}: the token has {what} inside; a token is one line of visible characters")
+    return token
+
+
+def _token(user: dict[str, Any], name: str, base: str) -> str:
+    """`tokenFile` wins over an inline `token`, as client-go reads them (the file is the one kept fresh)."""
+    token_file = user.get("tokenFile")
+    if token_file:
+        raw = _read(token_file, base, "tokenFile").decode("utf-8", errors="replace")
+        where = f"tokenFile {_full(token_file, base)}"
+        if not raw.strip():
+            raise ConfigError(f"{where} is empty")
+        return checked_token(raw, where)
+    return checked_token(str(user.get("token") or ""), f"user {name!r}: token")
 
 
 def _named(doc: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
@@ -124,14 +189,16 @@ def from_kubeconfig(kubeconfig: str) -> Endpoint:
     server = str(cluster.get("server") or "").rstrip("/")
     if not server.startswith("https://"):
         raise ConfigError(f"cluster server {server!r}: an https:// URL is required")
-    token = str(user.get("token") or "")
-    if not token and user.get("tokenFile"):
-        token = _read(user["tokenFile"], user_base, "tokenFile").decode().strip()
+    insecure = bool(cluster.get("insecure-skip-tls-verify"))
+    ca_named = [k for k in ("certificate-authority", "certificate-authority-data") if cluster.get(k)]
+    if insecure and ca_named:
+        raise ConfigError(f"cluster {context.get('cluster')!r}: insecure-skip-tls-verify and {ca_named[0]} are both "
+                          "set; one of them is a mistake (verify with the CA, or skip verification, not both)")
     return Endpoint(server=server, ca_pem=_data_or_file(cluster, "certificate-authority", cluster_base),
-                    insecure=bool(cluster.get("insecure-skip-tls-verify")),
-                    tls_server_name=str(cluster.get("tls-server-name") or ""),
+                    insecure=insecure, tls_server_name=str(cluster.get("tls-server-name") or ""),
                     cert_pem=_data_or_file(user, "client-certificate", user_base),
-                    key_pem=_data_or_file(user, "client-key", user_base), token=token.strip())
+                    key_pem=_data_or_file(user, "client-key", user_base),
+                    token=_token(user, str(context.get("user") or ""), user_base))
 
 
 def in_cluster(directory: str = IN_CLUSTER_DIR) -> Endpoint:
@@ -141,13 +208,45 @@ def in_cluster(directory: str = IN_CLUSTER_DIR) -> Endpoint:
         raise ConfigError("KUBERNETES_SERVICE_HOST/PORT are not set: not in a pod")
     if ":" in host:
         host = f"[{host}]"
-    token = _read(os.path.join(directory, "token"), directory, "service-account token").decode().strip()
-    return Endpoint(server=f"https://{host}:{port}", ca_pem=_read(os.path.join(directory, "ca.crt"), directory,
-                                                                   "service-account CA"), token=token)
+    token_path, ca_path = os.path.join(directory, "token"), os.path.join(directory, "ca.crt")
+    token = checked_token(_read(token_path, directory, "service-account token").decode("utf-8", errors="replace"),
+                          f"service-account token {token_path}")
+    ca = _read(ca_path, directory, "service-account CA")
+    if not ca.strip():  # client-go would then trust the system store; a pod's API server is never in it
+        raise ConfigError(f"service-account CA {ca_path} is empty")
+    return Endpoint(server=f"https://{host}:{port}", ca_pem=ca, token=token)
+
+
+def credential_files(kubeconfig: str | None, directory: str = IN_CLUSTER_DIR) -> list[str]:
+    """Every file the client's trust and identity are read from: the kubeconfig files and the CA,
+    client certificate, client key and token files they name, or the service account's token and
+    CA. A change to any of them (a rotation) builds a new client (publisher/kube.py Credentials)."""
+    if not kubeconfig:
+        return [os.path.join(directory, "token"), os.path.join(directory, "ca.crt")]
+    files: list[str] = []
+    for path in [p for p in kubeconfig.split(os.pathsep) if p]:  # KUBECONFIG may list several
+        files.append(path)
+        try:
+            doc = _load_yaml(path)
+        except ConfigError:
+            continue
+        base = os.path.dirname(os.path.abspath(path))
+        sections = [(item.get("cluster"), ("certificate-authority",)) for item in doc.get("clusters") or []
+                    if isinstance(item, dict)]
+        sections += [(item.get("user"), ("client-certificate", "client-key", "tokenFile"))
+                     for item in doc.get("users") or [] if isinstance(item, dict)]
+        for section, keys in sections:
+            if isinstance(section, dict):
+                files += [_full(str(section[k]), base) for k in keys if section.get(k)]
+    return files
 
 
 def _ssl_context(ep: Endpoint) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    """A context that trusts exactly the endpoint's CA (the system store only when none was named)
+    and matches names against subject alternative names only."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts nothing until told; verifies and checks names
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.hostname_checks_common_name = False  # as Go: a name in the subject's CN alone is no match
     if ep.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -156,6 +255,8 @@ def _ssl_context(ep: Endpoint) -> ssl.SSLContext:
             ctx.load_verify_locations(cadata=ep.ca_pem.decode("ascii", errors="replace"))
         except ssl.SSLError as exc:
             raise ConfigError(f"certificate-authority: {exc.reason or exc}") from None
+    else:
+        ctx.load_default_certs()  # no CA named at all: the system store, as client-go does (logged at start)
     if ep.cert_pem or ep.key_pem:
         _load_client_cert(ctx, ep.cert_pem, ep.key_pem)
     return ctx
@@ -197,10 +298,13 @@ class ApiClient:
         self.endpoint = endpoint
         self.prefix = url.path.rstrip("/")
         self._auth = {"Authorization": f"Bearer {endpoint.token}"} if endpoint.token else {}
+        # The name is checked by OpenSSL itself against the SNI name (tls-server-name, else the URL's host),
+        # with the context's rules (SANs only); urllib3's own matcher is used only to turn checking off.
         self.pool = urllib3.HTTPSConnectionPool(
             url.hostname or "", url.port or 443, maxsize=pool_size, block=False, retries=False,
             ssl_context=_ssl_context(endpoint), server_hostname=endpoint.tls_server_name or None,
-            assert_hostname=False if endpoint.insecure else (endpoint.tls_server_name or None))
+            cert_reqs="CERT_NONE" if endpoint.insecure else "CERT_REQUIRED",
+            assert_hostname=False if endpoint.insecure else None)
 
     def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None,
                 headers: dict[str, str] | None = None, body: Any = None, timeout: Timeout = 10.0,

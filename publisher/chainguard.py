@@ -104,6 +104,8 @@ class KeeperMetrics:
         self.k8s_events = Counter("netclaim_k8s_events_total", "Warning Events by outcome", ["result"], registry=r)
         self.http_refused = Counter("netclaim_http_connections_refused_total", "Connections to /metrics or "
                                     "/readyz closed at once because every handler was busy", registry=r)
+        self.probe_refused = Counter("netclaim_probe_connections_refused_total", "Connections to the probe "
+                                     "listener closed at once because every probe handler was busy", registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -623,18 +623,22 @@ class Reporting:
     """Where the keeper says how the node stands, besides its log: all optional."""
 
     metrics_address: str = ""  # host:port for /metrics, /readyz, /healthz; empty: none
+    probe_address: str = ""  # host:port for /readyz, /healthz only, on their own threads (the kubelet's); empty: none
     # Given the outcome counter, the (conflist, note) warner that posts a Warning Event on the Node.
     events: Callable[[Callable[[str], None]], Callable[[str, str], None]] | None = None
 
 
-def start_health(address: str, keeper: ChainKeeper) -> Any:
-    """The publisher's bounded server (publisher/metrics.py) with the keeper's registry and readiness."""
+def start_health(address: str, keeper: ChainKeeper, probes_only: bool = False) -> Any:
+    """The publisher's bounded server (publisher/metrics.py) with the keeper's registry and readiness;
+    with `probes_only` the probe listener (no /metrics, threads of its own)."""
     from .metrics import HealthServer
 
     # The status object is replaced on every change: read it at request time.
-    server = HealthServer(address, keeper.metrics, lambda: keeper.status.ready())  # type: ignore[arg-type]
+    server = HealthServer(address, keeper.metrics, lambda: keeper.status.ready(),  # type: ignore[arg-type]
+                          probes_only=probes_only)
     server.start()
-    logs.get().info("chain keeper metrics", extra={"address": address, "port": server.port})
+    logs.get().info("chain keeper " + ("probes" if probes_only else "metrics"),
+                    extra={"address": address, "port": server.port})
     return server
 
 
@@ -666,6 +670,7 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
         log.info("chain keeper stopped while waiting for the node lock: nothing done")
         return 0
     health = start_health(reporting.metrics_address, keeper) if reporting.metrics_address else None
+    probes = start_health(reporting.probe_address, keeper, probes_only=True) if reporting.probe_address else None
     log.info("chain keeper started", extra={"conf_dir": str(cfg.conf_dir), "conflist": cfg.conflist or "(first)",
                                             "poll_interval": cfg.poll_interval})
     keeper.run()
@@ -686,8 +691,9 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
             cleaned = True
     if lock is not None:
         lock.release(remove=cleaned)
-    if health is not None:
-        health.stop()
+    for server in (health, probes):
+        if server is not None:
+            server.stop()
     return 0
 
 

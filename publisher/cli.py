@@ -89,9 +89,16 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
     else:
         what = "no --kubeconfig or KUBECONFIG given and the in-cluster service account is unusable"
     try:
-        return load_client(kubeconfig, pool_size=pool_size)
+        client = load_client(kubeconfig, pool_size=pool_size)
     except (ConfigError, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise config_error(what, exc) from None
+    if getattr(getattr(client, "endpoint", None), "system_roots", False):
+        from . import logs
+
+        logs.get().warning("the kubeconfig names no certificate-authority: the API server's certificate is "
+                           "checked against the system's CA store (as kubectl does); name the cluster's CA to "
+                           "trust it alone", extra={"kubeconfig": kubeconfig or ""})
+    return client
 
 
 @cli.command()
@@ -110,6 +117,11 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
 @click.option("--metrics-address", envvar="NETCLAIM_METRICS_ADDRESS", show_envvar=True, default=DEFAULT_METRICS,
               show_default=True, callback=metrics_address_value,
               help="HOST:PORT serving /metrics, /healthz and /readyz (empty: off).")
+@click.option("--probe-address", envvar="NETCLAIM_PROBE_ADDRESS", show_envvar=True, default="",
+              callback=metrics_address_value,
+              help="HOST:PORT serving only /healthz and /readyz, on threads of their own, for the kubelet's "
+                   "probes: connections held open on --metrics-address cannot make them fail. Use a loopback "
+                   "address (the chart: 127.0.0.1, which pods cannot reach). Empty: off.")
 @click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
               type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON (one event a line) or text.")
 @click.option("--log-level", envvar="NETCLAIM_LOG_LEVEL", show_envvar=True, default="info", show_default=True,
@@ -170,7 +182,7 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               help="fsync every journal commit before the ack. auto: only when the state dir is on a network or "
                    "FUSE filesystem; use always for a publisher in a VM-isolated runtime (docs/publisher.md).")
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
-        metrics_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
+        metrics_address: str, probe_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, verify_after: float,
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
@@ -210,6 +222,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         service = Service(settings, kube, metrics)
         server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
         health = HealthServer(metrics_address, metrics, service.ready, service.live) if metrics_address else None
+        probes = (HealthServer(probe_address, metrics, service.ready, service.live, probes_only=True)
+                  if probe_address else None)
     except (OSError, sqlite3.Error) as exc:
         raise config_error("cannot start", exc) from None
     service.health.checks.append(server.serving)
@@ -222,12 +236,14 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if health:
-        health.start()
+    for listener in (health, probes):
+        if listener:
+            listener.start()
     server.start()
     service.start()
     log.info("publisher started", extra={"node": node_name, "socket": socket_path, "state_dir": state_dir,
                                          "spool_dir": spool_dir, "metrics": metrics_address,
+                                         "probes": probe_address,
                                          "emit_events": emit_events,
                                          "journal_depth": service.journal.depth()})
     log.info("journal commits " + ("fsync before the ack" if durable else "ack without fsync (the boot rule covers an "
@@ -235,8 +251,9 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     done.wait()
     server.stop()
     service.stop()
-    if health:
-        health.stop()
+    for listener in (health, probes):
+        if listener:
+            listener.stop()
     log.info("publisher stopped")
 
 
@@ -298,6 +315,10 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
               help="The node dir (the state dir, as mounted here) of the keeper's lock: a new install's keeper "
                    "waits there while an uninstall's cleanup runs, and the cleanup leaves a newer install's files "
                    "alone (empty: no lock).")
+@click.option("--probe-address", envvar="NETCLAIM_KEEPER_PROBE_ADDRESS", show_envvar=True, default="",
+              callback=metrics_address_value,
+              help="host:port serving only /readyz and /healthz on threads of their own, for the kubelet's probes "
+                   "(the chart: 127.0.0.1, which pods cannot reach; empty: none).")
 @click.option("--test-pause", multiple=True, hidden=True, metavar="POINT=SECONDS",
               help="Tests only: stop at a point of an edit (before-replace, after-write).")
 @click.option("--test-hold", multiple=True, hidden=True, metavar="POINT=FILE",
@@ -306,7 +327,8 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
                  plugin_log_file: str, cni_cache_dir: str, plugin_cni_cache_dir: str, cleanup_dir: tuple[str, ...], poll_interval: float,
                  daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
-                 log_format: str, node_name: str, metrics_address: str, lock_dir: str, test_pause: tuple[str, ...],
+                 log_format: str, node_name: str, metrics_address: str, probe_address: str, lock_dir: str,
+                 test_pause: tuple[str, ...],
                  test_hold: tuple[str, ...]) -> None:
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
     from pathlib import Path
@@ -362,7 +384,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     def decide() -> str:
         return owner.decide(chainkeeper.DECIDE_WITHIN) if owner is not None else "unknown"
 
-    reporting = chainkeeper.Reporting(metrics_address=metrics_address)
+    reporting = chainkeeper.Reporting(metrics_address=metrics_address, probe_address=probe_address)
     if kube is not None and node_name:
         reporting.events = contest_events(kube, node_name)
     sys.exit(chainkeeper.run_keeper(cfg, once, decide if daemonset else None, stop, reporting))

@@ -15,13 +15,16 @@ import json
 import os
 import random
 import re
+import ssl
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from . import apiclient, limits
+import urllib3
+
+from . import apiclient, limits, logs
 from .apiclient import ApiClient
 from .clock import node_seconds
 from .ratelimit import TokenBucket
@@ -73,6 +76,12 @@ class Forbidden(TransientError):
 class Unauthorized(TransientError):
     """401: the credentials expired or rotated. Transient: they are re-read and the
     request retried with backoff; no event is dropped because of it."""
+
+
+class TlsFailed(TransientError):
+    """No answer because the TLS handshake failed: the server's certificate is not trusted (or does
+    not name it), or it refused ours. After a rotation of the CA or of the client certificate the
+    files on disk are read again at once."""
 
 
 _NOT_RAW = re.compile("[\x7f-\uffff]")  # sent escaped: every BMP character past ASCII
@@ -147,34 +156,9 @@ def resource_version(answer: bytes) -> str:
         return ""
 
 
-IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-
-
 def load_client(kubeconfig: str | None, pool_size: int = 8) -> ApiClient:
     """A client for a kubeconfig file (or several, KUBECONFIG-style), or the in-cluster service account."""
     return apiclient.load(kubeconfig, pool_size)
-
-
-def _token_files(kubeconfig: str | None) -> list[str]:
-    """Files whose content is a credential: the kubeconfig and every `tokenFile` it names,
-    or the projected service-account token."""
-    if not kubeconfig:
-        return [IN_CLUSTER_TOKEN]
-    files = []
-    for path in [p for p in kubeconfig.split(os.pathsep) if p]:  # KUBECONFIG may list several
-        files.append(path)
-        try:
-            import yaml
-
-            with open(path, "rb") as fh:
-                doc = yaml.safe_load(fh) or {}
-            for user in doc.get("users") or []:
-                token_file = (user.get("user") or {}).get("tokenFile")
-                if token_file:
-                    files.append(os.path.join(os.path.dirname(os.path.abspath(path)), token_file))
-        except (OSError, ValueError, AttributeError, ImportError):
-            pass
-    return files
 
 
 @dataclass
@@ -183,9 +167,12 @@ class Credentials:
 
     Tokens rotate: kubelet rewrites a projected service-account token well
     before it expires (hourly by default), and a systemd install may renew the
-    kubeconfig's token (or its `tokenFile`) from cron. So the files are checked
-    every CREDENTIALS_RELOAD seconds and after every 401; a changed fingerprint
-    builds a new ApiClient.
+    kubeconfig's token (or its `tokenFile`) from cron. Certificates rotate too:
+    the cluster's CA bundle (a pod's `ca.crt`, a kubeconfig's
+    `certificate-authority`) and a node's client certificate and key. So every
+    one of those files (apiclient.credential_files) is checked every
+    CREDENTIALS_RELOAD seconds, after every 401 and after every failed TLS
+    handshake; a changed fingerprint builds a new ApiClient.
     """
 
     kubeconfig: str | None
@@ -203,7 +190,7 @@ class Credentials:
 
     def current_fingerprint(self) -> str:
         digest = hashlib.sha256()
-        for path in _token_files(self.kubeconfig):
+        for path in apiclient.credential_files(self.kubeconfig):
             digest.update(path.encode())
             try:
                 with open(path, "rb") as fh:
@@ -229,12 +216,41 @@ class Credentials:
         return client
 
 
+def tls_failure(exc: BaseException) -> bool:
+    """Whether a request without an answer failed in TLS: the server's certificate was not trusted,
+    or it refused ours. urllib3 may wrap the ssl error (a ProtocolError whose argument it is, when a
+    TLS 1.3 server's refusal of the client certificate arrives with the first read)."""
+    seen: list[BaseException] = [exc]
+    for current in seen:
+        if isinstance(current, (urllib3.exceptions.SSLError, ssl.SSLError)):
+            return True
+        if len(seen) < 8:
+            seen += [e for e in (current.__cause__, current.__context__, *current.args)
+                     if isinstance(e, BaseException) and e not in seen]
+    return False
+
+
+def reason_of(code: int, tls: bool = False) -> str:
+    """A failed call's short, fixed reason: what /readyz may say (never the server's own words, which
+    are the log's: an upstream body is no answer for every prober of the node)."""
+    if code == 0:
+        return "TLS handshake failed" if tls else "unreachable (no answer)"
+    if code == 401:
+        return "unauthorized (401)"
+    if code == 403:
+        return "forbidden (403)"
+    if code == 429:
+        return "throttled (429)"
+    return f"HTTP {code // 100}xx ({code})"
+
+
 @dataclass
 class ApiHealth:
     """What /readyz and `status` need to know about the API connection."""
 
     failing_since: float = 0.0  # node time of the first call without an answer (or with 5xx) since the last good one
-    last_error: str = ""
+    last_error: str = ""  # the full error: logged and in `status` (root's socket), never in /readyz
+    last_reason: str = ""  # reason_of() the last failure: what /readyz says
     unauthorized: int = 0  # consecutive 401s
     unauthorized_total: int = 0
     reloads: int = 0
@@ -281,8 +297,10 @@ class Kube:
             h.reloads, h.last_reload = self.credentials.reloads, self.credentials.last_reload
         return h
 
-    def _note(self, code: int, message: str = "") -> None:
-        """Track the answer for health: no answer/5xx/401 count as failing, anything else as up."""
+    def _note(self, code: int, message: str = "", tls: bool = False) -> None:
+        """Track the answer for health: no answer/5xx/401 count as failing, anything else as up.
+
+        The start and the end of an outage are logged once each, the first with the full error."""
         h = self._health
         if code == 401:
             h.unauthorized += 1
@@ -290,9 +308,13 @@ class Kube:
         elif code:
             h.unauthorized = 0
         if code == 0 or code >= 500:
+            if not h.failing_since:
+                logs.get().warning("API requests failing", extra={"reason": reason_of(code, tls), "error": message})
             h.failing_since = h.failing_since or node_seconds()  # a wall-clock step must not end or age an outage
-            h.last_error = message
+            h.last_error, h.last_reason = message, reason_of(code, tls)
         elif code != 401:
+            if h.failing_since:
+                logs.get().info("API requests answered again", extra={"code": code})
             h.failing_since = 0.0
 
     def _refresh_credentials(self, force: bool = False, now: bool = False) -> bool:
@@ -303,11 +325,16 @@ class Kube:
             try:
                 fresh = self.credentials.refreshed(force, now)
             except Exception as exc:  # a half-written kubeconfig: keep the old client, try again later
-                self._health.last_error = f"credentials reload failed: {exc}"
+                message = f"credentials reload failed: {exc}"  # ConfigError names files, never a token
+                if message != self._health.last_error:
+                    logs.get().warning("credentials on disk unusable, keeping the current ones",
+                                       extra={"error": str(exc)})
+                self._health.last_error = message
                 return False
             if fresh is None:
                 return False
             self.api_client = fresh
+            logs.get().info("credentials reloaded", extra={"reloads": self.credentials.reloads})
             return True
 
     def _request(self, verb: str, method: str, path: str, query: list[tuple[str, str]] | None = None,
@@ -327,6 +354,9 @@ class Kube:
         except Forbidden:  # maybe a token of another identity, already rotated on disk
             if not self._refresh_credentials(now=True):
                 raise
+        except TlsFailed:  # maybe a rotated CA or client certificate, already on disk
+            if not self._refresh_credentials(now=True):
+                raise
         return self._request_once(verb, method, path, query, body, content_type, timeout, stream)
 
     def _request_once(self, verb: str, method: str, path: str, query: list[tuple[str, str]] | None,
@@ -340,8 +370,9 @@ class Kube:
             resp = self.api_client.request(method, path, query, headers, body, timeout, stream=stream)
         except Exception as exc:  # urllib3/ssl/socket errors: no answer from the server
             self.record(verb, "error")
-            self._note(0, f"{type(exc).__name__}: {exc}")
-            raise TransientError(0, f"{type(exc).__name__}: {exc}") from None
+            tls = tls_failure(exc)
+            self._note(0, f"{type(exc).__name__}: {exc}", tls)
+            raise (TlsFailed if tls else TransientError)(0, f"{type(exc).__name__}: {exc}") from None
         self.record(verb, str(resp.status))
         if resp.status >= 400:
             message = _api_message(resp.read())

@@ -254,6 +254,10 @@ INGEST_BATCH = 128  # spooled events one ingestion transaction commits
 HTTP_WORKERS = 4  # threads answering /metrics, /healthz, /readyz
 HTTP_QUEUE = 16  # accepted connections waiting for one of them; more are closed at once
 HTTP_TIMEOUT = 5.0  # seconds a metrics/probe connection may take to send its request
+# The probe listener (--probe-address): its own threads and queue, so that connections held open on the
+# metrics listener (reachable from every pod) never make the kubelet's liveness probe fail.
+PROBE_WORKERS = 2  # threads answering /healthz, /readyz on the probe listener
+PROBE_QUEUE = 8  # connections waiting for one of them; more are closed at once
 INTERNAL_ERROR_RETRIES = 3  # an event whose handling raised a non-journal error this often is failed, not retried forever
 
 # ---- Chain keeper (publisher/chainguard.py): when keeping netclaim chained turns into a fight.

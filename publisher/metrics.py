@@ -15,7 +15,13 @@ shows its last value when that fails, so a scrape never blocks on it.
 The HTTP server is reachable from every pod of the node (the chart listens on
 the node's IP), so it is bounded like any production server: a fixed pool of
 threads, a short queue (connections beyond it are closed at once), a socket
-timeout and an overall deadline per connection.
+timeout and an overall deadline per connection. Bounded is not enough for the
+kubelet's probes, though: a pod holding a few dozen slow connections keeps
+every handler and queue slot busy, and a liveness probe that finds them full
+fails, so the kubelet restarts a healthy publisher. So the probes get a
+listener of their own (`--probe-address`, the chart: 127.0.0.1, which no pod
+network reaches) with its own threads and queue, that serves /healthz and
+/readyz only: whatever the metrics listener suffers never reaches it.
 """
 
 from __future__ import annotations
@@ -117,6 +123,10 @@ class Metrics:
         self.http_refused = Counter(
             "netclaim_http_connections_refused_total", "Connections to /metrics, /healthz, /readyz closed at "
             "once because every handler was busy and the queue was full", registry=r)
+        self.probe_refused = Counter(
+            "netclaim_probe_connections_refused_total", "Connections to the probe listener (/healthz, /readyz "
+            "for the kubelet) closed at once because every probe handler was busy and its queue was full",
+            registry=r)
 
     def watch_backlog(self, spool_dir: str, oldest_journaled_age: Callable[[], float | None],
                       spooled: Callable[[], list[float]] | None = None) -> None:
@@ -175,15 +185,25 @@ def spool_times(spool_dir: str) -> list[float]:
 
 
 class HealthServer:
-    """Serves /metrics, /healthz (liveness) and /readyz (readiness) with bounded threads."""
+    """Serves /metrics, /healthz (liveness) and /readyz (readiness) with bounded threads.
 
-    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]],
-                 live: Callable[[], tuple[bool, str]] = lambda: (True, "")) -> None:
+    With `probes_only` it is the probe listener: /healthz and /readyz, no /metrics (a scrape
+    is the expensive request; the kubelet never sends one), its own pool and queue
+    (`limits.PROBE_WORKERS`, `limits.PROBE_QUEUE`) and its own refusal counter.
+    """
+
+    def __init__(self, address: str, metrics: Any, ready: Callable[[], tuple[bool, str]],
+                 live: Callable[[], tuple[bool, str]] = lambda: (True, ""), probes_only: bool = False) -> None:
         host, _, port = address.rpartition(":")
-        handler = _handler(metrics, ready, live)
+        handler = _handler(None if probes_only else metrics, ready, live)
+        name = "probe" if probes_only else "metrics"
+        refused = getattr(metrics, "probe_refused" if probes_only else "http_refused", None)
+        workers, waiting = ((limits.PROBE_WORKERS, limits.PROBE_QUEUE) if probes_only
+                            else (limits.HTTP_WORKERS, limits.HTTP_QUEUE))
         self.httpd = BoundedHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), handler,
-                                       metrics.http_refused.inc)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.5,), name="metrics", daemon=True)
+                                       refused.inc if refused is not None else (lambda: None),
+                                       workers=workers, waiting=waiting, name=name)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.5,), name=name, daemon=True)
 
     @property
     def port(self) -> int:
@@ -200,7 +220,7 @@ class HealthServer:
 
 
 class BoundedHTTPServer(HTTPServer):
-    """HTTPServer with `limits.HTTP_WORKERS` handler threads and a queue of `limits.HTTP_QUEUE`.
+    """HTTPServer with `workers` handler threads and a queue of `waiting` connections.
 
     The stock ThreadingHTTPServer starts one thread per connection and never
     times out an idle one, so any pod of the node could pile up threads.
@@ -213,14 +233,15 @@ class BoundedHTTPServer(HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], handler: Any, refused: Callable[[], None]) -> None:
+    def __init__(self, address: tuple[str, int], handler: Any, refused: Callable[[], None],
+                 workers: int = limits.HTTP_WORKERS, waiting: int = limits.HTTP_QUEUE, name: str = "metrics") -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, handler)
         self.refused = refused
-        self.waiting: queue.Queue = queue.Queue(maxsize=limits.HTTP_QUEUE)
+        self.waiting: queue.Queue = queue.Queue(maxsize=waiting)
         self.active: dict[int, tuple[socket.socket, float]] = {}  # handler index -> (connection, deadline)
-        self.pool = [threading.Thread(target=self._work, args=(i,), name=f"metrics-{i}", daemon=True)
-                     for i in range(limits.HTTP_WORKERS)]
+        self.pool = [threading.Thread(target=self._work, args=(i,), name=f"{name}-{i}", daemon=True)
+                     for i in range(workers)]
 
     def start_pool(self) -> None:
         for t in self.pool:
@@ -266,13 +287,16 @@ class BoundedHTTPServer(HTTPServer):
                     pass
 
 
-def _handler(metrics: Metrics, ready: Callable[[], tuple[bool, str]], live: Callable[[], tuple[bool, str]]) -> Any:
+def _handler(metrics: Any | None, ready: Callable[[], tuple[bool, str]],
+             live: Callable[[], tuple[bool, str]]) -> Any:
+    """The request handler; without `metrics` (the probe listener) /metrics is 404."""
+
     class Handler(BaseHTTPRequestHandler):
         timeout = limits.HTTP_TIMEOUT  # per read/write on the connection (StreamRequestHandler.setup)
 
         def do_GET(self) -> None:  # noqa: N802 (http.server API)
             path = self.path.split("?", 1)[0]
-            if path == "/metrics":
+            if path == "/metrics" and metrics is not None:
                 self._send(200, metrics.exposition(), CONTENT_TYPE_LATEST)
             elif path in ("/healthz", "/readyz"):
                 ok, why = (live if path == "/healthz" else ready)()

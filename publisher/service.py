@@ -166,7 +166,8 @@ class Service:
                 return
             except BaseException as exc:  # noqa: BLE001 - a node service must not lose a thread
                 self.down[name] = f"{name} crashed: {type(exc).__name__}: {exc}"
-                self.health.fault(f"thread:{name}", self.down[name])
+                # /readyz names the thread and the error's type; its text (maybe an API answer) is logged.
+                self.health.fault(f"thread:{name}", f"{name} crashed: {type(exc).__name__}")
                 crashes = self.health.crashed(name)
                 self.log.exception("thread crashed, restarting", extra={"component": name, "crashes": crashes})
                 if self.stopping.wait(limits.WORKER_RESTART_DELAY):
@@ -305,8 +306,8 @@ class Service:
         if api.unauthorized >= limits.UNAUTHORIZED_NOT_READY:
             reasons.append(f"credentials: the API refuses them: {api.unauthorized} consecutive 401s")
         down = node_seconds() - api.failing_since if api.failing_since else 0.0
-        if down > limits.API_DOWN_NOT_READY:
-            reasons.append(f"api: unreachable for {down:.0f}s: {api.last_error}")
+        if down > limits.API_DOWN_NOT_READY:  # the reason's class only: the error itself is in the log
+            reasons.append(f"api: failing for {down:.0f}s: {api.last_reason}")
         return (not reasons), "; ".join(reasons)
 
     def live(self) -> tuple[bool, str]:

@@ -329,6 +329,25 @@ def test_the_keeper_is_observable_not_ready_while_unchained() -> None:
     assert "--metrics-address=$(HOST_IP):9999" in keeper["args"]
     assert {e["name"] for e in keeper["env"]} >= {"NETCLAIM_NODE_NAME", "HOST_IP"}
     assert keeper["ports"] == [{"name": "keeper-metrics", "containerPort": 9999, "protocol": "TCP"}]
-    assert keeper["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "keeper-metrics"}
+    assert keeper["readinessProbe"]["httpGet"] == {"host": "127.0.0.1", "path": "/readyz", "port": 9467}
     ports = {p["port"] for p in one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]}
     assert ports == {"metrics", "keeper-metrics"}
+
+
+def test_kubelet_probes_go_to_a_loopback_probe_listener_not_the_metrics_port() -> None:
+    """The metrics port is on the node's address, which every pod reaches: a pod holding slow
+    connections there fills its handlers (tests/publisher/test_probe_listener.py). Every probe of
+    both containers goes to the container's own probe listener on the node's 127.0.0.1 instead."""
+    for sets, ports in (((), (9466, 9467)), (("metrics.probePort=19466", "metrics.keeperProbePort=19467"),
+                                             (19466, 19467))):
+        by_name = containers(render(*sets))
+        for name, port in zip(("publisher", "chain-keeper"), ports):
+            container = by_name[name]
+            assert f"--probe-address=127.0.0.1:{port}" in container["args"], container["args"]
+            probes = {k: v for k, v in container.items() if k.endswith("Probe")}
+            assert probes, name
+            for kind, spec in probes.items():
+                assert spec["httpGet"]["host"] == "127.0.0.1" and spec["httpGet"]["port"] == port, (name, kind, spec)
+    assert set(k for k in by_name["publisher"] if k.endswith("Probe")) == {"startupProbe", "livenessProbe",
+                                                                           "readinessProbe"}
+    assert by_name["publisher"]["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
