@@ -351,3 +351,18 @@ def test_kubelet_probes_go_to_a_loopback_probe_listener_not_the_metrics_port() -
     assert set(k for k in by_name["publisher"] if k.endswith("Probe")) == {"startupProbe", "livenessProbe",
                                                                            "readinessProbe"}
     assert by_name["publisher"]["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+
+
+def test_probe_listeners_bind_the_node_address_only_when_asked_for_shared_loopback_test_nodes() -> None:
+    """Nodes of a test cluster that share one host's loopback cannot each bind 127.0.0.1:9466;
+    `metrics.probeHost=node` puts every probe listener on the node's address (still apart from
+    /metrics) and the probes go to the pod's IP; anything else is refused."""
+    by_name = containers(render("metrics.probeHost=node"))
+    for name, port in (("publisher", 9466), ("chain-keeper", 9467)):
+        container = by_name[name]
+        assert f"--probe-address=$(HOST_IP):{port}" in container["args"], container["args"]
+        for kind, spec in ((k, v) for k, v in container.items() if k.endswith("Probe")):
+            assert "host" not in spec["httpGet"] and spec["httpGet"]["port"] == port, (name, kind, spec)
+    refused = helm("template", "netclaim", str(CHART), "--kube-version", kube_version(),
+                   "--set", "metrics.probeHost=0.0.0.0", check=False)
+    assert refused.returncode != 0 and "probeHost" in refused.stderr, refused.stderr

@@ -71,6 +71,8 @@ def helm_values(cluster: RealCluster, ports: tuple[int, int], *extra: str) -> li
         "hostPaths.run": f"{paths}/netclaim-run", "hostPaths.state": f"{paths}/netclaim-state",
         # hostNetwork pods of every node share the host's ports: each binds its own node IP.
         "metrics.port": str(ports[0]), "metrics.keeperPort": str(ports[1]),
+        # ... and its own probe ports there: 127.0.0.1 is one loopback for all of them here.
+        "metrics.probeHost": "node",
         # No kube-proxy here: the API server as the nodes see it.
         "apiServer.host": "127.0.0.1",
     }
