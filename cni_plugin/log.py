@@ -8,6 +8,17 @@ No `logFile` (absent or ""): no file at all; warnings and errors go to stderr,
 which the runtime records with the plugin's failure, and info lines are
 dropped (a node's runtime log is not the place for one line per pod start).
 
+The file is root's: pod names, container ids and errors go into it, so a file
+someone else could read or made for us is refused. A user who may add names to
+the log's directory (a sticky directory such as /tmp) can plant the name before
+root creates it: a file of theirs, a hard link to another file, a FIFO (an open
+for writing would block every ADD until someone reads) or a symlink. So the
+file is opened O_NOFOLLOW|O_NONBLOCK (a FIFO nobody reads fails at once instead
+of blocking) and kept only if fstat shows a regular file owned by the plugin's
+euid with one link and no group or other write bit. Anything else is closed
+unwritten; one short line on stderr says the log file was refused and why (no
+event, no pod), and the run carries on as without `logFile`.
+
 The file is bounded: a run that opens it at MAX_LOG_BYTES or more renames it to
 `<logFile>.1` (replacing the previous one) and starts a new file, so the log
 never takes more than about twice the cap. Rotation is safe under concurrent
@@ -31,25 +42,75 @@ def _timestamp(now: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
+LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+LOG_MODE = 0o600
+_S_IFMT = 0o170000
+_FILE_KINDS = {0o100000: "a regular file", 0o010000: "a FIFO", 0o140000: "a socket", 0o020000: "a character device",
+               0o060000: "a block device", 0o040000: "a directory", 0o120000: "a symbolic link"}
+_EPERM = 1
+_ENXIO = 6  # open(O_WRONLY|O_NONBLOCK) of a FIFO with no reader
+_ELOOP = 40  # open(O_NOFOLLOW) of a symlink
+
+
+class RefusedLogFile(OSError):
+    """The name `logFile` points at is not a file root may append pod details to."""
+
+
+def _refusal(st: os.stat_result) -> str:
+    """Why this opened file must not receive the log ("" when it may): module docstring."""
+    kind = st.st_mode & _S_IFMT
+    if kind != 0o100000:
+        return f"it is {_FILE_KINDS.get(kind, 'not a regular file')}, not a regular file"
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        return f"it is owned by uid {st.st_uid}, not {euid}"
+    if st.st_nlink != 1:
+        return f"it has {st.st_nlink} hard links, not 1"
+    if st.st_mode & 0o022:
+        return f"it is writable by group or others (mode {st.st_mode & 0o7777:o})"
+    return ""
+
+
+def _open_file(dfd: int, name: str, path: str) -> int:
+    """Open NAME in the log's directory and keep it only if _refusal finds nothing wrong."""
+    try:
+        fd = os.open(name, LOG_FLAGS, LOG_MODE, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == _ELOOP:
+            raise RefusedLogFile(_ELOOP, f"refusing {path}: it is a symbolic link") from None
+        if exc.errno == _ENXIO:
+            raise RefusedLogFile(_ENXIO, f"refusing {path}: it is a FIFO or socket, not a regular file") from None
+        raise
+    try:
+        why = _refusal(os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    if why:
+        os.close(fd)
+        raise RefusedLogFile(_EPERM, f"refusing {path}: {why}")
+    return fd
+
+
 def _open_log(path: str) -> int:
     """Open the log for appending without following a link anywhere on its path.
 
     The directory is opened like the spool's (safefs.open_dir: component by
     component, root-owned, created 0750 when missing, never chmod-ed if it
-    exists); the file is created 0640 with O_NOFOLLOW relative to it.
+    exists); the file is created 0600 with O_NOFOLLOW relative to it and
+    checked after the open (module docstring), the new file after a rotation too.
     """
     from .safefs import open_dir
 
     dfd = open_dir(os.path.dirname(path), 0o750)
     try:
         name = os.path.basename(path)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(name, flags, 0o640, dir_fd=dfd)
+        fd = _open_file(dfd, name, path)
         if os.fstat(fd).st_size < MAX_LOG_BYTES:
             return fd
         if _rotate(dfd, name, fd):
             os.close(fd)
-            fd = os.open(name, flags, 0o640, dir_fd=dfd)
+            fd = _open_file(dfd, name, path)
         return fd
     finally:
         os.close(dfd)
@@ -78,7 +139,7 @@ class Log:
         self.path = path
         self.fields: dict[str, object] = {}
         self._fd: int | None = None
-        self.unusable = ""  # why logFile could not be opened (the log then goes to stderr)
+        self.unusable = ""  # why logFile could not be opened or was refused (said once on stderr)
 
     def configure(self, path: str) -> None:
         self.path = path
@@ -95,12 +156,23 @@ class Log:
                     self._fd = _open_log(self.path)
                 except OSError as exc:
                     self._fd = 2
-                    self.unusable = f"{type(exc).__name__}: {exc}"
+                    refused = isinstance(exc, RefusedLogFile)
+                    self.unusable = exc.strerror if refused else f"{type(exc).__name__}: {exc}"
+                    self._say_refused()
         return self._fd
 
+    def _say_refused(self) -> None:
+        """The one stderr line about an unusable logFile: why, and nothing of the pod or the event."""
+        record = {"ts": _timestamp(time.time()), "level": "warning", "event": "logFile refused; logging as without it",
+                  "component": "netclaim-cni", "logFileError": self.unusable}
+        try:
+            os.write(2, dumps(record).encode() + b"\n")
+        except OSError:
+            pass
+
     def write(self, level: str, event: str, **fields: object) -> None:
-        if level == "info" and not self.path:
-            return  # no logFile: only what the runtime should show (module docstring)
+        if level == "info" and (not self.path or self._open() == 2):
+            return  # no (usable) logFile: only what the runtime should show (module docstring)
         now = time.time()
         record = {"ts": _timestamp(now), "level": level, "event": event, "component": "netclaim-cni"}
         record.update(self.fields)

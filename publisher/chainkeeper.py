@@ -64,6 +64,7 @@ from .conflist import (
     Refused,
     backup_of,
     converted_name,
+    has_entry,
     in_place,
     install,
     is_multus,
@@ -71,10 +72,12 @@ from .conflist import (
     network_files,
     uninstall,
 )
+from .nodelock import LOCK_NAME, OWNER_NAME, LockBusy, NodeLock
 from cni_plugin.main import RETIRED_MARKER  # beside the executable: its DEL and GC do nothing
 from cni_plugin.retire import RETIRED_DIR, cached_attachments, marker_document, still_used
 
 PLUGIN_NAME = "netclaim"
+LOCK_FILES = frozenset({LOCK_NAME, OWNER_NAME})  # released (and removed) last, by the lock itself
 # Seconds to keep asking for the DaemonSet on SIGTERM (the chart's grace period is 30).
 DECIDE_WITHIN = 15.0
 # Seconds between unchaining and removing the plugin: the runtimes reload the conf dir on an
@@ -83,6 +86,7 @@ RELOAD_SETTLE = 2.0
 # Seconds the final pass waits for teardowns in flight to drop their libcni cache entries before it
 # keeps the executable (within the grace period: DECIDE_WITHIN + RELOAD_SETTLE + this < 30).
 TEARDOWN_WAIT = 8.0
+HOLD_MAX = 120.0  # seconds a test hold can stop the keeper
 Snapshot = tuple[tuple[str, int, int, int, str], ...]
 DIGEST_LIMIT = 1 << 20  # bytes of a network file hashed into the snapshot
 
@@ -100,9 +104,15 @@ class KeeperConfig:
     cache_dir: Path | None = None  # the runtimes' libcni cache dir (results/), read on uninstall
     node_cache_dir: str = ""  # the same dir as the plugin on the node sees it (empty: cache_dir)
     poll_interval: float = 1.0
+    # The node dir (the state dir) of the keeper's lock and claim (publisher/nodelock.py): an uninstall's
+    # cleanup and a new install's keeper never overlap. None: no lock.
+    lock_dir: Path | None = None
     # Tests only: seconds to stop at a point of an edit ("before-replace", "after-write"), to land a
     # write of another process exactly there.
     test_pauses: dict[str, float] = field(default_factory=dict)
+    # Tests only: at a point of the uninstall ("before-cleanup", "after-unchain"), create FILE.reached
+    # and wait until FILE is removed, to land another process's steps exactly there.
+    test_holds: dict[str, Path] = field(default_factory=dict)
 
 
 def snapshot(conf_dir: Path) -> Snapshot:
@@ -144,6 +154,13 @@ def holds_entry_of(path: Path, entry: dict[str, Any]) -> bool:
     mine = (entry.get("driverName"), entry.get("request") or "")
     return any(p.get("type") == "netclaim" and (p.get("driverName"), p.get("request") or "") == mine
                for p in doc["plugins"])
+
+
+def another_networks_file(path: Path, entry: dict[str, Any]) -> bool:
+    """The file (or the conflist it was converted to) chains netclaim, but never the keeper's entry:
+    another network's, which the operator wrote and the running keeper never touches."""
+    held = path if path.exists() or path.suffix == ".conflist" else converted_name(path)
+    return has_entry(held) and not holds_entry_of(held, entry)
 
 
 def chained_in_place(path: Path) -> bool:
@@ -275,6 +292,17 @@ class ChainKeeper:
             self.log.info("test pause", extra={"point": point, "conflist": path.name, "seconds": seconds})
             time.sleep(seconds)
 
+    def hold(self, point: str) -> None:
+        """Tests only: stay at `point` until the test removes the hold file (at most HOLD_MAX seconds)."""
+        gate = self.cfg.test_holds.get(point)
+        if gate is None:
+            return
+        self.log.info("test hold", extra={"point": point})
+        gate.with_name(gate.name + ".reached").touch()
+        deadline = time.monotonic() + HOLD_MAX
+        while gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def reconcile(self) -> bool:
         """Chain into the primary, unchain elsewhere; True when netclaim is in the primary's chain."""
         self.ensure_plugin()
@@ -393,6 +421,9 @@ class ChainKeeper:
     def remove_everything(self, teardown_wait: float = 0.0) -> None:
         """Put the node back: conflists restored first, then the plugin (see remove_plugin), spool and journal.
 
+        Only what the keeper manages is unchained: a conflist whose netclaim entries are all of another
+        driver or request (another network's, by the rule of holds_entry_of) stays byte for byte.
+
         `teardown_wait`: seconds to give teardowns in flight (helm uninstall deletes the pods with the
         DaemonSet) to finish before the plugin is kept for them."""
         conf_dir = self.cfg.conf_dir
@@ -401,6 +432,10 @@ class ChainKeeper:
         targets |= {conf_dir / n[: -len(BACKUP_SUFFIX)] for n in names if n.endswith(BACKUP_SUFFIX)}
         unchained = False
         for path in sorted(targets):
+            if another_networks_file(path, self.cfg.entry):
+                self.log.info("conflist left as it is: its netclaim entry is another network's",
+                              extra={"conflist": path.name})
+                continue
             try:
                 outcome = uninstall(path)
             except Refused as exc:
@@ -409,10 +444,10 @@ class ChainKeeper:
             if outcome != "unchanged":
                 unchained = True
                 self.log.info("netclaim unchained", extra={"conflist": path.name, "outcome": outcome})
+        self.hold("after-unchain")
         self.remove_plugin(settle=RELOAD_SETTLE if unchained else 0.0, wait=teardown_wait)
-        for directory in self.cfg.cleanup_dirs:
-            empty_dir(directory)
-        self.log.info("node cleaned up", extra={"removed": [str(d) for d in self.cfg.cleanup_dirs]})
+        emptied = [str(d) for d in self.cfg.cleanup_dirs if empty_dir(d, keep=LOCK_FILES)]
+        self.log.info("node cleaned up", extra={"removed": emptied})
 
     def remove_plugin(self, settle: float, wait: float = 0.0) -> bool:
         """Remove the plugin executable unless a runtime may still run it; True when removed.
@@ -499,17 +534,65 @@ def cached_users(cache_dir: Path | None, socket_path: str) -> list[str]:
     return [cid for cid, _ifname in cached_attachments(str(cache_dir), socket_path)]
 
 
-def empty_dir(directory: Path) -> None:
-    """Remove what is inside (the directory itself may be a mount point)."""
+OWN_DIR_WORD = "netclaim"  # the last segment of a directory uninstall may empty contains it (the chart's rule)
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """/proc/self/mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        field = field.replace(code, chr(int(code[1:], 8)))
+    return field
+
+
+def node_path_of(directory: Path, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The directory as the node names it: for a mount point (the DaemonSet's hostPath volume, which
+    the container sees as /host/netclaim/state), the mounted dir's path within its filesystem
+    (`root` of the topmost mount there, "/" for a whole filesystem); else its real path."""
+    real = os.path.realpath(directory)
+    node = real
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 4 and _unescape_mountinfo(fields[4]) == real:
+                    node = _unescape_mountinfo(fields[3])  # later lines are mounted on top
+    except OSError:
+        pass
+    return node
+
+
+def not_netclaims_own(directory: Path) -> str | None:
+    """Why uninstall must not empty `directory` (one line), or None when it is netclaim's own.
+
+    Defence in depth behind the chart's schema: a hostPath set to a shared dir (/run, /var/lib,
+    a filesystem's root) by an older chart or a hand-written manifest is refused here too."""
+    node = node_path_of(directory)
+    last = node.rstrip("/").rsplit("/", 1)[-1]
+    if OWN_DIR_WORD in last:
+        return None
+    return (f"{directory} is {node or '/'} on the node, not a directory of netclaim's own (its last segment "
+            f"must contain {OWN_DIR_WORD!r}): left as it is")
+
+
+def empty_dir(directory: Path, keep: frozenset[str] = frozenset()) -> bool:
+    """Remove what is inside (the directory itself may be a mount point), when it is netclaim's own;
+    True when it was emptied (or is absent). Names in `keep` (the held lock's files) stay."""
+    problem = not_netclaims_own(directory)
+    if problem is not None:
+        logs.get().warning("cleanup dir not emptied", extra={"dir": str(directory), "reason": problem})
+        return False
     try:
         entries = list(directory.iterdir())
     except FileNotFoundError:
-        return
+        return True
     for entry in entries:
+        if entry.name in keep:
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
+    return True
 
 
 # ---------------------------------------------------------------- uninstall or upgrade?
@@ -567,15 +650,25 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     metrics = KeeperMetrics()
     warn = reporting.events(lambda result: metrics.k8s_events.labels(result).inc()) if reporting.events else None
     keeper = ChainKeeper(cfg, metrics, warn)
+    lock = NodeLock(cfg.lock_dir) if cfg.lock_dir is not None else None
     if once:
         # Best effort: a node whose primary CNI is not installed yet still gets
         # the plugin now; the long-running keeper chains it when the file comes.
-        keeper.reconcile()
+        if lock is not None and not take_node(lock, None):
+            return 0
+        try:
+            keeper.reconcile()
+        finally:
+            if lock is not None:
+                lock.release()
         log.info("chain status", extra={"status": keeper.status.line()})
         return 0
     stop = stop or StopSignal.install()
     keeper.stop = stop.event
     signalled = stop.signals
+    if lock is not None and not take_node(lock, stop.event):
+        log.info("chain keeper stopped while waiting for the node lock: nothing done")
+        return 0
     health = start_health(reporting.metrics_address, keeper) if reporting.metrics_address else None
     probes = start_health(reporting.probe_address, keeper, probes_only=True) if reporting.probe_address else None
     log.info("chain keeper started", extra={"conf_dir": str(cfg.conf_dir), "conflist": cfg.conflist or "(first)",
@@ -585,14 +678,49 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     # Positive evidence only (publisher/ownerwatch.py): 'gone' cleans the node; 'present' and 'unknown' keep it.
     state = decide() if decide is not None else "unknown"
     log.info("chain keeper stopping", extra={"owner": state})
+    keeper.hold("before-cleanup")
+    cleaned = False
     if state == "gone":
-        keeper.remove_everything(teardown_wait=TEARDOWN_WAIT)
+        if lock is not None and lock.superseded():
+            # Under the lock: a newer install's keeper claimed the node since this one started (it waits
+            # for the lock). Its plugin, chain, socket and journal are its own now: nothing is removed.
+            log.warning("uninstall: a newer install has claimed this node; leaving it everything",
+                        extra={"lock": str(lock.path)})
+        else:
+            keeper.remove_everything(teardown_wait=TEARDOWN_WAIT)
+            cleaned = True
+    if lock is not None:
+        lock.release(remove=cleaned)
     for server in (health, probes):
         if server is not None:
             server.stop()
     return 0
 
 
+def take_node(lock: NodeLock, stop: threading.Event | None) -> bool:
+    """Claim the node, then hold its lock (waiting while an older keeper, say one cleaning up after an
+    uninstall, still holds it); False when stopped while waiting."""
+    log = logs.get()
+    lock.claim()
+    return lock.acquire(stop, on_wait=lambda: log.info(
+        "waiting for the node lock: another chain keeper (an uninstall finishing?) holds it",
+        extra={"lock": str(lock.path)}))
+
+
 def uninstall_now(cfg: KeeperConfig) -> int:
-    ChainKeeper(cfg).remove_everything()
+    """The hand uninstall: refused while a chain keeper runs (it would chain netclaim back in)."""
+    lock = NodeLock(cfg.lock_dir) if cfg.lock_dir is not None else None
+    if lock is not None:
+        try:
+            lock.acquire(wait=False)
+        except LockBusy:
+            logs.get().error("a chain keeper runs on this node (it holds the node lock): stop it first",
+                             extra={"lock": str(lock.path)})
+            return 1
+        lock.claim()  # under the lock: the claim of a keeper that is gone is ours now, and goes with it
+    try:
+        ChainKeeper(cfg).remove_everything()
+    finally:
+        if lock is not None:
+            lock.release(remove=True)
     return 0

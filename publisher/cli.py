@@ -301,8 +301,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
               help="Kubeconfig for the DaemonSet check; without it the in-cluster service account.")
 @click.option("--once", is_flag=True, help="Install and chain once, then exit (an init container).")
 @click.option("--uninstall", "uninstall_now", is_flag=True,
-              help="Unchain, remove the plugin (unless a cached config still runs it) and empty the cleanup dirs "
-                   "now, then exit.")
+              help="Unchain the entry of --driver-name and --request, remove the plugin (unless a cached config "
+                   "still runs it) and empty the cleanup dirs now, then exit.")
 @click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
               type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON or text.")
 @click.option("--node-name", envvar="NETCLAIM_NODE_NAME", show_envvar=True, default="",
@@ -310,18 +310,26 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
 @click.option("--metrics-address", envvar="NETCLAIM_KEEPER_METRICS_ADDRESS", show_envvar=True, default="",
               help="host:port for /metrics, /readyz (chained, or the contest reported) and /healthz "
                    "(empty: none).")
+@click.option("--lock-dir", envvar="NETCLAIM_KEEPER_LOCK_DIR", show_envvar=True, default="",
+              type=click.Path(file_okay=False),
+              help="The node dir (the state dir, as mounted here) of the keeper's lock: a new install's keeper "
+                   "waits there while an uninstall's cleanup runs, and the cleanup leaves a newer install's files "
+                   "alone (empty: no lock).")
 @click.option("--probe-address", envvar="NETCLAIM_KEEPER_PROBE_ADDRESS", show_envvar=True, default="",
               callback=metrics_address_value,
               help="host:port serving only /readyz and /healthz on threads of their own, for the kubelet's probes "
                    "(the chart: 127.0.0.1, which pods cannot reach; empty: none).")
 @click.option("--test-pause", multiple=True, hidden=True, metavar="POINT=SECONDS",
               help="Tests only: stop at a point of an edit (before-replace, after-write).")
+@click.option("--test-hold", multiple=True, hidden=True, metavar="POINT=FILE",
+              help="Tests only: at a point of the uninstall (before-cleanup, after-unchain), wait until FILE is gone.")
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
                  plugin_log_file: str, cni_cache_dir: str, plugin_cni_cache_dir: str, cleanup_dir: tuple[str, ...], poll_interval: float,
                  daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
-                 log_format: str, node_name: str, metrics_address: str, probe_address: str,
-                 test_pause: tuple[str, ...]) -> None:
+                 log_format: str, node_name: str, metrics_address: str, probe_address: str, lock_dir: str,
+                 test_pause: tuple[str, ...],
+                 test_hold: tuple[str, ...]) -> None:
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
     from pathlib import Path
 
@@ -334,17 +342,23 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     logs.setup(log_format, "info")
     if not uninstall_now and not os.path.isfile(plugin_binary):
         raise click.ClickException(f"plugin executable {plugin_binary}: no such file")
+    if uninstall_now and not driver_name:
+        # Only the keeper's own entry (its driver and request) is taken out; another network's stays.
+        raise click.UsageError("--uninstall needs --driver-name (and --request, when the install set one): "
+                               "it removes only the entry of that driver and request")
     try:
         entry = build_entry([f"driverName={driver_name}", f"request={request}", f"socketPath={plugin_socket}",
                              f"spoolDir={plugin_spool_dir}", f"failurePolicy={failure_policy}",
-                             f"logFile={plugin_log_file}"]) if not uninstall_now else {"socketPath": plugin_socket}
+                             f"logFile={plugin_log_file}"])
     except Refused as exc:
         raise click.UsageError(f"{exc} (--driver-name)") from None
     cfg = chainkeeper.KeeperConfig(
         conf_dir=Path(cni_conf_dir), bin_dir=Path(cni_bin_dir), plugin_binary=Path(plugin_binary), entry=entry,
         conflist=conflist, cleanup_dirs=[Path(d) for d in cleanup_dir], poll_interval=poll_interval,
         cache_dir=Path(cni_cache_dir) if cni_cache_dir else None, node_cache_dir=plugin_cni_cache_dir,
-        test_pauses={k: float(v) for k, _, v in (p.partition("=") for p in test_pause)})
+        lock_dir=Path(lock_dir) if lock_dir else None,
+        test_pauses={k: float(v) for k, _, v in (p.partition("=") for p in test_pause)},
+        test_holds={k: Path(v) for k, _, v in (h.partition("=") for h in test_hold)})
     if uninstall_now:
         sys.exit(chainkeeper.uninstall_now(cfg))
     if daemonset and not namespace:

@@ -49,7 +49,10 @@
 #                                          back their host addresses / stop it (the interfaces stay)
 #
 # Everything lives under $NETCLAIM_CLUSTER_DIR (default /tmp/netclaim-cluster; keep it short: the
-# kubelet's and the driver's unix sockets live under it and AF_UNIX paths stop at 108 bytes). The
+# kubelet's and the driver's unix sockets live under it and AF_UNIX paths stop at 108 bytes). It is
+# made mode 0700; one that exists is used only when it is a real directory of the user running this
+# and writable by nobody else, and its env files only when they are ours alone
+# (scripts/harness/statedir.sh): this script runs as root and sources them. The
 # node name, bridge, pod subnet, cgroup root and ports are derived from that directory or picked
 # free, so two clusters with different directories can run side by side. Each cluster has its own
 # control plane (scripts/control-plane.sh with NETCLAIM_CP_DIR=$NETCLAIM_CLUSTER_DIR/cp).
@@ -76,6 +79,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
 PY="${NETCLAIM_PYTHON:-$ROOT/.venv/bin/python}"
 DIR="${NETCLAIM_CLUSTER_DIR:-/tmp/netclaim-cluster}"
+# shellcheck source=harness/statedir.sh
+source "$HERE/harness/statedir.sh"
+state_dir_check "$DIR"   # the name as given: a symlink is refused before realpath follows it
 DIR="$(realpath -m "$DIR")"
 ID="$(printf '%s' "$DIR" | sha256sum | cut -c1-6)"
 NODE="${NETCLAIM_NODE_NAME:-nc-$ID}"

@@ -9,7 +9,9 @@
 #   scripts/control-plane.sh status             say what runs
 #
 # Everything lives under $NETCLAIM_CP_DIR (default /tmp/netclaim-cp): certificates, the static
-# token file, the service-account key, etcd data, logs, pid files and kubeconfigs. The binaries
+# token file, the service-account key, etcd data, logs, pid files and kubeconfigs. The dir is made
+# mode 0700; one that exists is used only when it is a real directory of the user running this and
+# writable by nobody else (scripts/harness/statedir.sh), since this script sources files from it. The binaries
 # are built once from Go modules by scripts/build/components.sh and cached outside the repo.
 # No scheduler or controller-manager runs here: clients write status.allocation themselves, as the
 # scheduler would, and create ServiceAccounts themselves. scripts/cluster.sh runs the rest of a real
@@ -27,6 +29,9 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DIR="${NETCLAIM_CP_DIR:-/tmp/netclaim-cp}"
+# shellcheck source=harness/statedir.sh
+source "$HERE/harness/statedir.sh"
+state_dir_check "$DIR"   # before anything reads, kills or removes what is in it
 NODES=(node-a node-b)   # static node identities (system:node:<name>) in the token file
 read -r -a EXTRA_NODES <<<"${NETCLAIM_CP_NODES:-}"
 NODES+=("${EXTRA_NODES[@]}")
@@ -186,9 +191,8 @@ wait_ready() {
 }
 
 load_ports() {
-    [[ -f "$DIR/ports.env" ]] || die "no control plane in $DIR (run: $0 up)"
-    # shellcheck disable=SC1091
-    source "$DIR/ports.env"
+    [[ -f "$DIR/ports.env" || -L "$DIR/ports.env" ]] || die "no control plane in $DIR (run: $0 up)"
+    state_source "$DIR/ports.env"
 }
 
 stop_pid() { # stop_pid PIDFILE NAME
@@ -209,8 +213,7 @@ stop_pid() { # stop_pid PIDFILE NAME
 }
 
 cmd_up() {
-    mkdir -p "$DIR"
-    chmod 700 "$DIR"
+    state_dir_ensure "$DIR"
     exec 9>"$DIR/.lock"
     flock 9
     if alive "$DIR/etcd.pid" && alive "$DIR/kube-apiserver.pid"; then

@@ -23,9 +23,14 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.append(str(REPO / "scripts" / "harness"))  # appended: scripts/harness/runtime never shadows a package
 
 from runtime.realcluster import parse_env  # noqa: E402  (one reader of `... env` exports)
+from runtime.statedir import DEFAULT_CP_DIR, UnsafeStateDir, secure_state_dir  # noqa: E402
 
 
 def _run_cp(*args: str, env: dict[str, str]) -> str:
+    try:  # the script runs as root and sources files from it: ours alone, or refused
+        secure_state_dir(env.get("NETCLAIM_CP_DIR") or DEFAULT_CP_DIR, create=False)
+    except UnsafeStateDir as exc:
+        raise RuntimeError(str(exc)) from None
     proc = subprocess.run(
         [str(CONTROL_PLANE), *args], env=env, capture_output=True, text=True, timeout=3600
     )
@@ -88,7 +93,11 @@ class ControlPlane:
 @pytest.fixture(scope="session")
 def control_plane() -> ControlPlane:
     env = dict(os.environ)
-    env.setdefault("NETCLAIM_CP_DIR", "/tmp/netclaim-cp")
+    env.setdefault("NETCLAIM_CP_DIR", DEFAULT_CP_DIR)
+    try:
+        secure_state_dir(env["NETCLAIM_CP_DIR"], create=False)
+    except UnsafeStateDir as exc:
+        pytest.fail(f"the real control plane could not start: {exc}", pytrace=False)
     status = subprocess.run([str(CONTROL_PLANE), "status"], env=env, capture_output=True, text=True)
     already_up = status.returncode == 0 and "kube-apiserver: running" in status.stdout
     try:

@@ -130,3 +130,29 @@ def test_internal_error_path_formats_the_traceback_from_frozen_code(bundle: Path
     tb = bundle_err[0]["traceback"]
     assert tb.startswith("Traceback (most recent call last):") and '"<frozen cni_plugin.main>"' in tb
     assert tb.splitlines()[-1] == src_err[0]["traceback"].splitlines()[-1]
+
+
+def test_a_fifo_planted_as_the_log_file_is_refused_alike_and_blocks_no_add(bundle: Path, source_plugin: str,
+                                                                          sandbox: Sandbox) -> None:
+    """The frozen log module opens logFile O_NONBLOCK and checks it as the source does (docs/plugin.md, "Paths")."""
+    stdin = json.dumps(_conf(sandbox, prevResult=sandbox.prev_result())).encode()
+    results = {}
+    try:
+        for name, exe in (("source", source_plugin), ("bundle", str(bundle))):
+            shutil.rmtree(WORK, ignore_errors=True)
+            WORK.mkdir(mode=0o700)
+            os.mkfifo(WORK / "plugin.log", 0o600)
+            try:
+                proc = subprocess.run([exe], input=stdin, env=cni_env("ADD", netns=sandbox.path), timeout=60,
+                                      capture_output=True)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{name}: the ADD never completed: opening the FIFO for writing blocked it")
+            refused = [json.loads(line) for line in proc.stderr.decode().splitlines()
+                       if line.startswith("{") and json.loads(line)["event"].startswith("logFile refused")]
+            results[name] = (proc.returncode, proc.stdout, [r["logFileError"] for r in refused])
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+    assert results["bundle"] == results["source"], results
+    rc, out, errors = results["bundle"]
+    assert rc == 0 and json.loads(out)["interfaces"], results
+    assert len(errors) == 1 and "FIFO" in errors[0], errors

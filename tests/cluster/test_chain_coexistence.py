@@ -312,7 +312,7 @@ def wait_chained(node: NodeConf, conflist: str, run: Run, also: Callable[[], boo
 # ---------------------------------------------------------------- the behaviours
 
 
-def test_issue18_item1_real_cluster_cilium_exclusive_contest_is_reported_and_pods_still_run(
+def test_real_cluster_cilium_exclusive_contest_is_reported_and_pods_still_run(
         real_cluster: RealCluster, node: NodeConf, keeper_plugin: Path, ns: str) -> None:
     """Cilium's exclusive mode: its conflist (this node's bridge network under Cilium's file name, 05- so it is
     the runtime's network) re-rendered on every directory event, every other network file moved away.
@@ -371,7 +371,7 @@ def rfc3339(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def test_issue18_item1_real_cluster_istio_style_chainer_converges_and_pods_get_status(
+def test_real_cluster_istio_style_chainer_converges_and_pods_get_status(
         real_cluster: RealCluster, node: NodeConf, keeper_plugin: Path, ns: str) -> None:
     """istio-cni (linkerd-cni alike, with another type): its entry put last in the runtime's conflist on every
     directory event; once mid-run its pod restarts (its entry taken out, put back a few seconds later).
@@ -403,7 +403,7 @@ def test_issue18_item1_real_cluster_istio_style_chainer_converges_and_pods_get_s
     assert_status_is_the_pods(real_cluster, ns, claim, eth0)
 
 
-def test_issue18_item1_real_cluster_calico_in_place_rewrites_are_rechained_and_pods_get_status(
+def test_real_cluster_calico_in_place_rewrites_are_rechained_and_pods_get_status(
         real_cluster: RealCluster, node: NodeConf, keeper_plugin: Path, ns: str) -> None:
     """Calico's install-cni: when calico-node restarts it renders its conflist and writes it over the old one in
     place (same inode), without foreign entries; here three restarts, 20 s apart, each with another MTU.
@@ -431,7 +431,7 @@ def test_issue18_item1_real_cluster_calico_in_place_rewrites_are_rechained_and_p
     assert_status_is_the_pods(real_cluster, ns, claim, eth0)
 
 
-def test_issue18_item1_real_cluster_flannel_copy_is_rechained_and_pods_get_status(
+def test_real_cluster_flannel_copy_is_rechained_and_pods_get_status(
         real_cluster: RealCluster, node: NodeConf, keeper_plugin: Path, ns: str) -> None:
     """flannel's install-cni: `cp -f` of its template to 10-flannel.conflist each time its pod starts. The node
     is handed to it at the start (its template is this node's bridge network; the node's own file goes), then
@@ -459,7 +459,7 @@ def test_issue18_item1_real_cluster_flannel_copy_is_rechained_and_pods_get_statu
     assert_status_is_the_pods(real_cluster, ns, claim, eth0)
 
 
-def test_issue18_item1_real_cluster_multus_conf_primary_delegates_to_the_chained_network(
+def test_real_cluster_multus_conf_primary_delegates_to_the_chained_network(
         real_cluster: RealCluster, node: NodeConf, keeper_plugin: Path, ns: str) -> None:
     """Multus (thin plugin, auto-generated `00-multus.conf`): its file is really containerd's network, as on a
     Multus node. It inlines its master (this node's conflist) as the cluster-network delegate and is rendered

@@ -374,7 +374,7 @@ def claimed_pods_on(cluster: RealCluster, node: str) -> int:
 
 def publisher_status(cluster: RealCluster, node: str) -> dict:
     pod = daemonset_pods(cluster)[node]["metadata"]["name"]
-    sock = f"{cluster.values['NETCLAIM_NODE_PATHS']}/ncd-run/publisher.sock"
+    sock = f"{cluster.values['NETCLAIM_NODE_PATHS']}/netclaim-run/publisher.sock"
     out = cluster.kubectl("exec", "-n", NAMESPACE, pod, "-c", "publisher", "--", "/opt/netclaim/venv/bin/netclaim-publisher",
                           "status", "--socket", sock, "-o", "json")
     return json.loads(out)

@@ -41,6 +41,7 @@ from benchlib.scale_apf import APF_KINDS, Endpoint, apf_documents, apply_apf, cl
 from benchlib.scale_metrics import scrape, total
 from benchlib.scale_objects import PodSpec, ensure_device_class, scheduled_pod
 from runtime.identity import apply_shipped_rbac, ensure_node, node_token
+from runtime.statedir import DEFAULT_CP_DIR
 
 CONTROL_PLANE = REPO / "scripts" / "control-plane.sh"
 # 30 seats in all: the netclaim level's 10 shares of ~255 give it 2 (node-high gets 5, system 4).
@@ -88,7 +89,7 @@ def _cp(env: dict[str, str], *args: str) -> str:
 def plane() -> Iterator[Plane]:
     """A control plane of this module's own, with lowered concurrency limits; stopped at the end."""
     env = dict(os.environ)
-    env["NETCLAIM_CP_DIR"] = env.get("NETCLAIM_CP_DIR", "/tmp/netclaim-cp") + "-apf"
+    env["NETCLAIM_CP_DIR"] = (env.get("NETCLAIM_CP_DIR") or DEFAULT_CP_DIR) + "-apf"
     env["NETCLAIM_CP_APISERVER_ARGS"] = APISERVER_ARGS
     _cp(env, "down")  # a leftover of an interrupted run had other flags
     try:

@@ -329,7 +329,7 @@ def side_by_side(seconds: float, keeper: subprocess.Popen[bytes]) -> None:
         time.sleep(0.5)
 
 
-def test_issue18_item1_cilium_exclusive_watcher_no_loop_and_the_contest_is_reported(node: Node, plugin_binary,
+def test_cilium_exclusive_watcher_no_loop_and_the_contest_is_reported(node: Node, plugin_binary,
                                                                                     tmp_root: Path) -> None:
     node.write("05-cilium.conflist", CILIUM)
     with OtherWriter(node, cilium_exclusive) as cilium, \
@@ -355,7 +355,7 @@ def test_issue18_item1_cilium_exclusive_watcher_no_loop_and_the_contest_is_repor
 
 
 @pytest.mark.parametrize("chainer", ["istio-cni", "linkerd-cni"])
-def test_issue18_item1_a_chainer_that_moves_itself_last_converges(node: Node, plugin_binary, tmp_root: Path,
+def test_a_chainer_that_moves_itself_last_converges(node: Node, plugin_binary, tmp_root: Path,
                                                                   chainer: str) -> None:
     node.write("10-calico.conflist", PRIMARY)
     with OtherWriter(node, appends_itself_last(chainer)) as other, \
@@ -373,7 +373,7 @@ def test_issue18_item1_a_chainer_that_moves_itself_last_converges(node: Node, pl
 
 
 @pytest.mark.parametrize("primary", ["calico-in-place", "flannel-copy"])
-def test_issue18_item1_a_primary_that_rewrites_now_and_then_is_rechained_without_a_contest(
+def test_a_primary_that_rewrites_now_and_then_is_rechained_without_a_contest(
         node: Node, plugin_binary, tmp_root: Path, primary: str) -> None:
     """Calico's install-cni rewrites its file in place on restart; flannel's copies its conflist again."""
     name = "10-calico.conflist" if primary.startswith("calico") else "10-flannel.conflist"
@@ -408,7 +408,7 @@ def multus_auto_config(node: Node) -> bool:
     return True
 
 
-def test_issue18_item1_multus_conf_is_left_alone_and_its_delegate_chained(node: Node, plugin_binary,
+def test_multus_conf_is_left_alone_and_its_delegate_chained(node: Node, plugin_binary,
                                                                          tmp_root: Path) -> None:
     node.write("10-flannel.conflist", PRIMARY)
     with OtherWriter(node, multus_auto_config) as multus, \
@@ -428,7 +428,7 @@ def pauses(root: Path, point: str) -> int:
     return keeper_log(root).count(f"test pause point={point}")
 
 
-def test_issue18_item2_a_rewrite_right_after_the_keepers_write_is_not_taken_for_done(node: Node, plugin_binary,
+def test_a_rewrite_right_after_the_keepers_write_is_not_taken_for_done(node: Node, plugin_binary,
                                                                                      tmp_root: Path) -> None:
     node.write("10-calico.conflist", PRIMARY)
     with running_keeper(node, plugin_binary, tmp_root, "--test-pause=after-write=2") as keeper:
@@ -453,7 +453,7 @@ def test_a_new_primary_written_while_the_keeper_finishes_its_pass_is_chained(nod
              "chaining the primary that appeared mid-pass", keeper, tmp_root, timeout=30)
 
 
-def test_issue18_item2_a_write_mid_edit_is_not_reverted(node: Node, plugin_binary, tmp_root: Path) -> None:
+def test_a_write_mid_edit_is_not_reverted(node: Node, plugin_binary, tmp_root: Path) -> None:
     node.write("10-calico.conflist", dict(PRIMARY, mtu=1500))
     with running_keeper(node, plugin_binary, tmp_root, "--test-pause=before-replace=2") as keeper:
         wait(lambda: pauses(tmp_root, "before-replace") >= 1, "the keeper's first edit", keeper, tmp_root)
@@ -470,7 +470,7 @@ SINGLE = b'{\n\t"cniVersion": "0.4.0",\n\t"name": "podnet",\n\t"type": "bridge",
          b'\t"ipam": {"type": "host-local", "subnet": "10.22.0.0/16"}\n}\n'
 
 
-def test_issue18_item4_single_plugin_conf_primary_is_converted_chained_and_restored(node: Node, plugin_binary,
+def test_single_plugin_conf_primary_is_converted_chained_and_restored(node: Node, plugin_binary,
                                                                                     tmp_root: Path) -> None:
     (node.net_d / "10-bridge.conf").write_bytes(SINGLE)
     (node.net_d / "20-other.conflist").write_text(json.dumps(PRIMARY))
@@ -496,7 +496,7 @@ def test_issue18_item4_single_plugin_conf_primary_is_converted_chained_and_resto
     assert sorted(os.listdir(node.net_d)) == ["10-bridge.conf", "20-other.conflist"]
 
 
-def test_issue17_item3_another_networks_entry_is_left_alone(node: Node, plugin_binary, tmp_root: Path) -> None:
+def test_another_networks_entry_is_left_alone(node: Node, plugin_binary, tmp_root: Path) -> None:
     """containerd's own multi-network: 11-storage.conflist is the pods' eth1 and the operator chained netclaim
     into it with its own request. The keeper keeps its entry in the primary, and when the primary changes it
     moves only its own entry (driver and request as configured): the other network's stays, untouched."""
@@ -516,7 +516,57 @@ def test_issue17_item3_another_networks_entry_is_left_alone(node: Node, plugin_b
             "netclaim", "nic")
 
 
-def test_issue18_item5_not_chained_is_not_ready_and_logged_once(node: Node, plugin_binary, tmp_root: Path) -> None:
+def test_uninstall_strips_only_the_keepers_entry_and_leaves_another_networks_conflist(
+        node: Node, plugin_binary: Path, tmp_root: Path) -> None:
+    """An operator's second network (containerd's multi-network, or a file a NetworkAttachmentDefinition's
+    chain is copied from) chains netclaim with its own request: the running keeper never touches it, and
+    neither may its uninstall. The keeper's own conflist gets its original bytes back."""
+    original = node.write("10-calico.conflist", PRIMARY)
+    storage = {"cniVersion": "1.0.0", "name": "storage", "plugins": [
+        PRIMARY["plugins"][0], {"type": "netclaim", "driverName": DRIVER, "request": "nic1"}]}
+    stored = node.write("11-storage.conflist", storage)
+    other_driver = {"cniVersion": "1.0.0", "name": "sriov", "plugins": [
+        {"type": "sriov"}, {"type": "netclaim", "driverName": "sriov.example.com", "request": "nic"}]}
+    sriov = node.write("12-sriov.conflist", other_driver)
+    with running_keeper(node, plugin_binary, tmp_root) as keeper:
+        wait(lambda: node.chained("10-calico.conflist"), "the first chaining", keeper, tmp_root)
+        keeper.send_signal(signal.SIGTERM)
+        assert keeper.wait(10) == 0
+    proc = subprocess.run(keeper_argv(node, plugin_binary, "--uninstall"), capture_output=True, text=True,
+                          env=python_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (node.net_d / "10-calico.conflist").read_bytes() == original  # the managed one: stripped
+    assert (node.net_d / "11-storage.conflist").read_bytes() == stored, "uninstall stripped another network's entry"
+    assert (node.net_d / "12-sriov.conflist").read_bytes() == sriov
+    assert sorted(os.listdir(node.net_d)) == ["10-calico.conflist", "11-storage.conflist", "12-sriov.conflist"]
+
+
+def test_uninstall_by_hand_names_the_entry_it_removes(node: Node, plugin_binary: Path) -> None:
+    """Without --driver-name the hand uninstall cannot tell its entry from another network's: it says so."""
+    argv = [a for a in keeper_argv(node, plugin_binary, "--uninstall") if not a.startswith("--driver-name")]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=python_env(), timeout=60)
+    assert proc.returncode == 2 and "--uninstall needs --driver-name" in proc.stderr, proc.stderr
+
+
+def test_uninstall_by_hand_waits_its_turn_on_the_node_lock(node: Node, plugin_binary: Path, tmp_root: Path) -> None:
+    """While a keeper holds the node lock (it would chain netclaim back in at once), the hand uninstall
+    refuses with the reason and changes nothing; once the keeper stopped it cleans, lock files included."""
+    node.write("10-calico.conflist", PRIMARY)
+    lock = f"--lock-dir={node.spool.parent}"
+    with running_keeper(node, plugin_binary, tmp_root, lock) as keeper:
+        wait(lambda: node.chained("10-calico.conflist"), "the first chaining", keeper, tmp_root)
+        proc = subprocess.run(keeper_argv(node, plugin_binary, "--uninstall", lock), capture_output=True,
+                              text=True, env=python_env(), timeout=60)
+        assert proc.returncode == 1 and "a chain keeper runs on this node" in proc.stderr, proc.stderr
+        assert node.chained("10-calico.conflist") and (node.bin_d / "netclaim").exists()
+    proc = subprocess.run(keeper_argv(node, plugin_binary, "--uninstall", lock), capture_output=True, text=True,
+                          env=python_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not node.chained("10-calico.conflist") and not (node.bin_d / "netclaim").exists()
+    assert list(node.spool.parent.iterdir()) == []
+
+
+def test_not_chained_is_not_ready_and_logged_once(node: Node, plugin_binary, tmp_root: Path) -> None:
     (node.net_d / "10-broken.conflist").write_bytes(b'{"plugins": [')
     with running_keeper(node, plugin_binary, tmp_root, METRICS) as keeper:
         port = metrics_port(keeper, tmp_root)
@@ -535,7 +585,7 @@ def test_issue18_item5_not_chained_is_not_ready_and_logged_once(node: Node, plug
 
 
 @pytest.mark.controlplane
-def test_issue18_item1_the_contest_is_a_warning_event_on_the_node(node: Node, plugin_binary, tmp_root: Path,
+def test_the_contest_is_a_warning_event_on_the_node(node: Node, plugin_binary, tmp_root: Path,
                                                                 control_plane, api_client) -> None:
     from kubernetes import client
 

@@ -110,7 +110,7 @@ def test_publisher_mounts_nothing_it_does_not_use() -> None:
     pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
     mounts = {c["name"]: {m["name"] for m in c["volumeMounts"]} for c in pod["containers"] + pod["initContainers"]}
     assert mounts["publisher"] == {"run", "state", "api-token", "tmp"}
-    assert mounts["install"] == {"cni-bin", "cni-conf", "tmp"}
+    assert mounts["install"] == {"cni-bin", "cni-conf", "state", "tmp"}  # state: the node lock only
     assert "netns" not in {v["name"] for v in pod["volumes"]}  # nothing reads /run/netns
 
 
@@ -194,7 +194,7 @@ def containers(docs: list[dict]) -> dict[str, dict]:
     return {c["name"]: c for c in pod["containers"] + pod["initContainers"]}
 
 
-def test_issue18_item7_every_new_value_reaches_the_rendered_objects() -> None:
+def test_every_new_value_reaches_the_rendered_objects() -> None:
     """helm template with each non-default value; the objects carry it."""
     docs = render("nameOverride=nc", "commonLabels.team=net", "podLabels.tier=node",
                   "imagePullSecrets[0].name=regcred", "serviceAccount.annotations.owner=net-team",
@@ -232,7 +232,7 @@ def test_issue18_item7_every_new_value_reaches_the_rendered_objects() -> None:
     assert on_delete == {"type": "OnDelete"}
 
 
-def test_issue18_item7_privileged_toggle_renders_a_valid_security_context() -> None:
+def test_privileged_toggle_renders_a_valid_security_context() -> None:
     for name, c in containers(render("securityContext.privileged=true")).items():
         sc = c["securityContext"]
         # The API refuses privileged together with allowPrivilegeEscalation=false.
@@ -243,7 +243,7 @@ def test_issue18_item7_privileged_toggle_renders_a_valid_security_context() -> N
         assert "seLinuxOptions" not in sc, name
 
 
-def test_issue18_item7_defaults_have_no_cpu_limits_but_keep_requests() -> None:
+def test_defaults_have_no_cpu_limits_but_keep_requests() -> None:
     docs = render()
     assert not by_kind(docs, "ResourceQuota")
     for name, c in containers(docs).items():
@@ -253,7 +253,7 @@ def test_issue18_item7_defaults_have_no_cpu_limits_but_keep_requests() -> None:
     assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
 
 
-def test_issue18_item7_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_when_set() -> None:
+def test_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_when_set() -> None:
     docs = render("cni.pluginLogFile=/var/log/netclaim/plugin.log")
     assert one(docs, "ConfigMap")["data"]["NETCLAIM_PLUGIN_LOG_FILE"] == "/var/log/netclaim/plugin.log"
     pod = pod_spec(docs)
@@ -271,7 +271,7 @@ def test_issue18_item7_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_w
                                  "updateStrategy.maxUnavailable=0", "failurePolicy=ignore",
                                  # uninstall empties the log's directory: never a shared one
                                  "cni.pluginLogFile=/var/log/plugin.log", "apf.priorityLevel.queue=3"])
-def test_issue18_item7_a_typo_or_bad_value_is_refused(bad: str) -> None:
+def test_a_typo_or_bad_value_is_refused(bad: str) -> None:
     for verb in ("template", "lint"):
         args = [verb, *(["x"] if verb == "template" else []), str(CHART), "--kube-version", kube_version(),
                 "--set", bad]
@@ -283,7 +283,7 @@ def test_issue18_item7_a_typo_or_bad_value_is_refused(bad: str) -> None:
             "schema" in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
 
 
-def test_issue18_item7_lint_strict_passes_with_every_non_default_value() -> None:
+def test_lint_strict_passes_with_every_non_default_value() -> None:
     helm("lint", "--strict", str(CHART), "--kube-version", kube_version(),
          "--set", "nameOverride=nc", "--set", "fullnameOverride=node-net", "--set", "commonLabels.team=net",
          "--set", "podLabels.tier=node", "--set", "imagePullSecrets[0].name=regcred",
@@ -293,7 +293,7 @@ def test_issue18_item7_lint_strict_passes_with_every_non_default_value() -> None
          "--set", "cni.pluginLogFile=/var/log/netclaim/plugin.log")
 
 
-def test_issue18_item7_chart_label_survives_build_metadata(tmp_root: Path) -> None:
+def test_chart_label_survives_build_metadata(tmp_root: Path) -> None:
     """A chart version with build metadata ("+") must still render valid label values."""
     import re
     import shutil
@@ -309,7 +309,7 @@ def test_issue18_item7_chart_label_survives_build_metadata(tmp_root: Path) -> No
         assert value == "netclaim-0.1.0_build.7" and label_value.match(value), (doc["kind"], value)
 
 
-def test_issue18_item7_offline_template_needs_only_the_documented_kube_version() -> None:
+def test_offline_template_needs_only_the_documented_kube_version() -> None:
     """docs/install.md's offline command renders (helm's built-in default version is older than the chart's floor)."""
     install_md = (REPO / "docs" / "install.md").read_text()
     assert "--kube-version 1.34.0" in install_md
@@ -319,7 +319,7 @@ def test_issue18_item7_offline_template_needs_only_the_documented_kube_version()
     assert without.returncode != 0 and "kubeVersion" in without.stderr
 
 
-def test_issue18_item5_the_keeper_is_observable_not_ready_while_unchained() -> None:
+def test_the_keeper_is_observable_not_ready_while_unchained() -> None:
     """The keeper container reports per node: its node name (ChainContested Events on the Node),
     /metrics beside the publisher's, and a readiness probe on its /readyz, so a node where
     netclaim is out of the chain is a DaemonSet pod that is not ready."""
@@ -351,3 +351,18 @@ def test_kubelet_probes_go_to_a_loopback_probe_listener_not_the_metrics_port() -
     assert set(k for k in by_name["publisher"] if k.endswith("Probe")) == {"startupProbe", "livenessProbe",
                                                                            "readinessProbe"}
     assert by_name["publisher"]["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+
+
+def test_probe_listeners_bind_the_node_address_only_when_asked_for_shared_loopback_test_nodes() -> None:
+    """Nodes of a test cluster that share one host's loopback cannot each bind 127.0.0.1:9466;
+    `metrics.probeHost=node` puts every probe listener on the node's address (still apart from
+    /metrics) and the probes go to the pod's IP; anything else is refused."""
+    by_name = containers(render("metrics.probeHost=node"))
+    for name, port in (("publisher", 9466), ("chain-keeper", 9467)):
+        container = by_name[name]
+        assert f"--probe-address=$(HOST_IP):{port}" in container["args"], container["args"]
+        for kind, spec in ((k, v) for k, v in container.items() if k.endswith("Probe")):
+            assert "host" not in spec["httpGet"] and spec["httpGet"]["port"] == port, (name, kind, spec)
+    refused = helm("template", "netclaim", str(CHART), "--kube-version", kube_version(),
+                   "--set", "metrics.probeHost=0.0.0.0", check=False)
+    assert refused.returncode != 0 and "probeHost" in refused.stderr, refused.stderr

@@ -93,8 +93,8 @@ class NodeFiles:
         self.conf = Path(cluster.values["NETCLAIM_CNI_CONF"])
         self.bin = Path(cluster.values["NETCLAIM_CNI_BIN"])
         self.conflist = Path(cluster.values["NETCLAIM_CONFLIST"])
-        self.run = Path(cluster.dir) / "ncd-run"
-        self.state = Path(cluster.dir) / "ncd-state"
+        self.run = Path(cluster.dir) / "netclaim-run"
+        self.state = Path(cluster.dir) / "netclaim-state"
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -284,7 +284,7 @@ def can_i(cluster: RealCluster, verb: str, what: str, account: str) -> bool:
     return out.strip() == "yes"
 
 
-def test_issue18_item3_refused_credentials_keep_the_node_and_uninstall_cleans_it(cluster: RealCluster,
+def test_refused_credentials_keep_the_node_and_uninstall_cleans_it(cluster: RealCluster,
                                                                                   images: dict[str, str]) -> None:
     """401 (ServiceAccount re-created during an upgrade), 403 (the keeper's RoleBinding gone) and an API
     server that is down on SIGTERM keep netclaim chained, the plugin and the journal; `helm uninstall`
@@ -370,6 +370,7 @@ def test_issue18_item3_refused_credentials_keep_the_node_and_uninstall_cleans_it
     except AssertionError as exc:
         raise AssertionError(f"{exc}; containerIDs still cached: {cached()}") from exc
     proc = subprocess.run([str(REPO / ".venv" / "bin" / "netclaim-publisher"), "chain-keeper", "--uninstall",
+                           f"--driver-name={cluster.driver}", "--request=nic",
                            f"--cni-conf-dir={files.conf}", f"--cni-bin-dir={files.bin}",
                            f"--plugin-socket={files.run}/publisher.sock", "--log-format=text"],
                           capture_output=True, text=True, timeout=60)

@@ -151,7 +151,7 @@ def test_uninstall_restores_the_original_bytes_and_removes_the_plugin(tmp_root: 
     assert conflist.read_bytes() == original
 
 
-def test_issue18_item6_uninstall_removes_the_plugin_log_and_its_rotation(tmp_root: Path) -> None:
+def test_uninstall_removes_the_plugin_log_and_its_rotation(tmp_root: Path) -> None:
     conflist = write_base(tmp_root)
     log = tmp_root / "log" / "netclaim" / "plugin.log"
     log.parent.mkdir(parents=True)
@@ -166,7 +166,7 @@ def test_issue18_item6_uninstall_removes_the_plugin_log_and_its_rotation(tmp_roo
     assert sorted(p.name for p in log.parent.iterdir()) == ["someone-elses.log"]
 
 
-def test_issue17_item3_one_entry_per_network_each_with_its_own_driver_and_request(tmp_root: Path) -> None:
+def test_one_entry_per_network_each_with_its_own_driver_and_request(tmp_root: Path) -> None:
     """containerd's own multi-network (max_conf_num 2: eth0 from the first conflist, eth1 from the
     second): one install per conflist, each entry with its own driverName and request; uninstalling
     one network keeps the plugin (and its log) the other still runs; the last one takes them away."""
@@ -231,7 +231,7 @@ def test_unparsable_conflist_is_refused_and_left_untouched(tmp_root: Path) -> No
 SINGLE = '{\n  "cniVersion": "0.4.0",\n  "name": "x",\n  "type": "bridge",\n  "bridge": "cni0"\n}\n'
 
 
-def test_issue18_item4_single_plugin_conf_is_converted_and_uninstall_restores_it(tmp_root: Path) -> None:
+def test_single_plugin_conf_is_converted_and_uninstall_restores_it(tmp_root: Path) -> None:
     """A single-plugin .conf primary becomes NAME.conflist the way libcni reads it (it used to be
     refused while the install step exited 0 elsewhere); uninstall gives NAME.conf back byte for byte."""
     conf = tmp_root / "10-single.conf"

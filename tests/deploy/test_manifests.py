@@ -82,7 +82,7 @@ def test_daemonset_as_the_api_server_defaults_it(api_client) -> None:
     assert {"cni-bin", "cni-conf"} <= {m["name"] for m in keeper["volumeMounts"]}
 
 
-def test_issue18_item7_shipped_daemonset_has_no_cpu_limit_and_labels_are_valid() -> None:
+def test_shipped_daemonset_has_no_cpu_limit_and_labels_are_valid() -> None:
     """A node-critical agent is not CFS-throttled by default; requests stay; every label value is valid."""
     import re
 

@@ -263,7 +263,7 @@ def keeper_kube(node_a: dict[str, Any]) -> tuple[Any, list[tuple[str, str]], dic
 
 
 @pytest.mark.controlplane
-def test_issue18_item3_keeper_watches_its_daemonset_under_the_shipped_role(node_a) -> None:
+def test_keeper_watches_its_daemonset_under_the_shipped_role(node_a) -> None:
     """Present -> keep the node (upgrade); deleted -> the watch sees it and the node is cleaned; never a 403."""
     from publisher.ownerwatch import OwnerWatch
 
@@ -286,7 +286,7 @@ def test_issue18_item3_keeper_watches_its_daemonset_under_the_shipped_role(node_
 
 
 @pytest.mark.controlplane
-def test_issue18_item3_refused_token_is_no_proof_of_uninstall(node_a) -> None:
+def test_refused_token_is_no_proof_of_uninstall(node_a) -> None:
     """The keeper's Role gone (RBAC replaced, an authorizer not synced yet): 403 keeps the node; a
     deletion seen by the watch opened before the Role went is still proof (what helm uninstall does)."""
     from publisher.ownerwatch import OwnerWatch

@@ -61,7 +61,7 @@ class RetiredNode:
     def retire(self) -> subprocess.CompletedProcess[str]:
         """The keeper's final pass by hand: unchain, and keep the plugin while the cache still runs it."""
         proc = subprocess.run([str(netclaim_publisher_bin()), "chain-keeper", "--uninstall",
-                               f"--cni-conf-dir={self.conf}", f"--cni-bin-dir={self.bin}",
+                               f"--driver-name={DRIVER}", f"--cni-conf-dir={self.conf}", f"--cni-bin-dir={self.bin}",
                                f"--plugin-socket={self.socket}", f"--cni-cache-dir={self.cache}",
                                "--log-format=text"], capture_output=True, text=True, env=python_env(), timeout=60)
         assert proc.returncode == 0, proc.stderr

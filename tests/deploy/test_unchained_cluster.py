@@ -91,7 +91,7 @@ def gets(cluster: RealCluster) -> float:
                if line.startswith("netclaim_api_requests_total{") and 'verb="get"' in line)
 
 
-def test_issue18_item5_pod_started_while_unchained_gets_a_warning_event_and_a_metric(cluster: RealCluster) -> None:
+def test_pod_started_while_unchained_gets_a_warning_event_and_a_metric(cluster: RealCluster) -> None:
     env = {**cluster.env, "NETCLAIM_DRIVER_NAMES": cluster.driver, "NETCLAIM_UNCHAINED_GRACE": "3"}
     cluster_sh("install-netclaim", env=env)
     conflist = Path(cluster.values["NETCLAIM_CONFLIST"])

@@ -136,7 +136,7 @@ def _ok(done: subprocess.CompletedProcess) -> str:
     return done.stdout
 
 
-def test_issue16_item10_gc_with_no_valid_attachments_through_libcni(libcni: Libcni) -> None:
+def test_gc_with_no_valid_attachments_through_libcni(libcni: Libcni) -> None:
     """A runtime with no sandbox left: libcni sends `"cni.dev/valid-attachments": null`."""
     _ok(libcni.cnitool_run("add"))
     _ok(libcni.driver_run("gc", libcni.network))  # nil list -> null on the wire

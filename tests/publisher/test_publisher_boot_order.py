@@ -17,7 +17,7 @@ POD = PodRef("ns", "pod", "uid")
 HOUR_NS = 3600 * 10**9
 
 
-def test_issue16_item2_current_boot_outranks_an_older_boot_whose_wall_clock_is_ahead(workdir):
+def test_current_boot_outranks_an_older_boot_whose_wall_clock_is_ahead(workdir):
     state = str(workdir / "state")
     j = Journal(state)
     BootOrder(j, "boot-1")  # the publisher ran in boot-1 ...
@@ -42,7 +42,7 @@ def test_issue16_item2_current_boot_outranks_an_older_boot_whose_wall_clock_is_a
     j.close()
 
 
-def test_issue16_item2_a_del_retires_a_pending_add_of_an_older_boot_at_intake(workdir):
+def test_a_del_retires_a_pending_add_of_an_older_boot_at_intake(workdir):
     j = Journal(str(workdir / "state"))
     assert j.ordering().boot_id == current_boot_id()
     add = wire_event("ADD", "c1", POD, cni_result(), order=["gone-boot", 10**12, time.time_ns() + HOUR_NS])

@@ -58,7 +58,7 @@ def test_pod_uid_mismatch_gets_an_event_on_the_pod(cluster: Cluster, publisher, 
     assert publisher.status()["failed_events"] and cluster.devices(claim) == []
 
 
-def test_issue17_claim_without_a_device_for_the_request_is_no_failure(cluster: Cluster, publisher, plugin):
+def test_claim_without_a_device_for_the_request_is_no_failure(cluster: Cluster, publisher, plugin):
     """The pod's claim has a device of the driver, but none for this entry's request: with one conflist per
     network (containerd's max_conf_num) every pod gets every interface, and a pod that claimed a device
     only for eth0 is no failure on eth1: no Warning, no failed event, the eth0 entry shown, a counter."""

@@ -1,4 +1,4 @@
-"""Issue 19 item 3: drift is repaired by events, and a publisher at rest costs the API nothing.
+"""drift is repaired by events, and a publisher at rest costs the API nothing.
 
 Every publisher here runs with the default options, whose safety net verifies a claim about
 once a day: within these tests it never runs (a publisher of the previous design re-read

@@ -56,14 +56,14 @@ def slug(text: str) -> str:
 
 
 @pytest.mark.parametrize("invariant", INVARIANTS, ids=[slug(i) for i in INVARIANTS])
-def test_issue16_item3_soak_invariant(soak: dict[str, Any], invariant: str) -> None:
+def test_soak_invariant(soak: dict[str, Any], invariant: str) -> None:
     verdict = soak["invariants"].get(invariant)
     assert verdict is not None, f"the soak's report has no verdict for {invariant!r}"
     assert verdict["ok"], (f"soak invariant failed: {invariant}\nevidence: {json.dumps(verdict['detail'], indent=1)[:3000]}"
                            f"\n\nsoak summary:\n{soak['_stdout'][-6000:]}")
 
 
-def test_issue16_item3_soak_leaves_the_host_clean(soak: dict[str, Any]) -> None:
+def test_soak_leaves_the_host_clean(soak: dict[str, Any]) -> None:
     with open("/proc/self/mounts", encoding="utf-8") as fh:
         mounts = [line.split()[1] for line in fh if line.split()[1].startswith(CLUSTER_DIR.rstrip("/") + "/")]
     assert not mounts, f"mounts left under {CLUSTER_DIR}: {mounts}"

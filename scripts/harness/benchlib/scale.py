@@ -113,8 +113,10 @@ class ControlPlane:
 
         handle = controlplane.up()
         api = controlplane.api_client(handle.kubeconfig)
+        from runtime.statedir import DEFAULT_CP_DIR, read_state_file
+
         ports = dict(line.split("=", 1) for line in
-                     Path(handle.env.get("NETCLAIM_CP_DIR", "/tmp/netclaim-cp"), "ports.env").read_text().split())
+                     read_state_file(Path(handle.env.get("NETCLAIM_CP_DIR") or DEFAULT_CP_DIR, "ports.env")).split())
         return ControlPlane(handle, api, kubeconfig_token(handle.kubeconfig),
                             f"http://127.0.0.1:{ports['ETCD_PORT']}/metrics")
 

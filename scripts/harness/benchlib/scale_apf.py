@@ -172,12 +172,13 @@ def apf_phase(flood_requests: int = 480, threads: int = 24, rounds: int = 40) ->
     from kubernetes import client
     from runtime import controlplane
     from runtime.identity import apply_shipped_rbac, bound_token, ensure_node, node_token
+    from runtime.statedir import DEFAULT_CP_DIR
 
     saved = dict(os.environ)
-    os.environ["NETCLAIM_CP_DIR"] = os.environ.get("NETCLAIM_CP_DIR", "/tmp/netclaim-cp") + "-apf"
+    os.environ["NETCLAIM_CP_DIR"] = (os.environ.get("NETCLAIM_CP_DIR") or DEFAULT_CP_DIR) + "-apf"
     os.environ["NETCLAIM_CP_APISERVER_ARGS"] = APF_APISERVER_ARGS
     try:
-        subprocess.run([str(REPO / "scripts" / "harness" / "control-plane.sh"), "down"], check=True, capture_output=True)
+        subprocess.run([str(REPO / "scripts" / "control-plane.sh"), "down"], check=True, capture_output=True)
         handle = controlplane.up()
     finally:
         os.environ.clear()
@@ -214,7 +215,7 @@ def apf_phase(flood_requests: int = 480, threads: int = 24, rounds: int = 40) ->
         out["nominal_seats"] = _nominal_seats(handle)
         return out
     finally:
-        subprocess.run([str(REPO / "scripts" / "harness" / "control-plane.sh"), "down"], capture_output=True, env=handle.env)
+        subprocess.run([str(REPO / "scripts" / "control-plane.sh"), "down"], capture_output=True, env=handle.env)
 
 
 def _nominal_seats(handle: Any) -> dict[str, float]:

@@ -8,7 +8,7 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
-load_state() { [[ -f "$STATE" ]] || die "no cluster in $DIR (run: $0 up)"; source "$STATE"; }
+load_state() { [[ -f "$STATE" || -L "$STATE" ]] || die "no cluster in $DIR (run: $0 up)"; state_source "$STATE"; }
 save_var() { printf '%s=%q\n' "$1" "${!1}" >>"$STATE"; }
 kc() { "$KUBECTL" --kubeconfig "$CP_DIR/admin.kubeconfig" "$@"; }
 ctr_() { "$CTR" --address "$CTD/containerd.sock" -n k8s.io "$@"; }

@@ -15,7 +15,7 @@ cmd_up() { # cmd_up [--with-dranet]
     [[ "${1:-}" == --with-dranet ]] && want_dranet=1
     [[ -z "${1:-}" || "$want_dranet" == 1 ]] || die "usage: $0 up [--networks N] [--dual-stack] [--with-dranet]"
     [[ "$(id -u)" == 0 ]] || die "needs root (kubelet, containerd, cgroups, network namespaces)"
-    mkdir -p "$DIR" && chmod 700 "$DIR"
+    state_dir_ensure "$DIR"
     exec 9>"$DIR/.lock"
     flock 9
     if [[ -f "$STATE" ]] && all_alive; then
@@ -55,7 +55,7 @@ cmd_up() { # cmd_up [--with-dranet]
 
     log "control plane (etcd, kube-apiserver) in $CP_DIR"
     "$HERE/control-plane.sh" up >/dev/null
-    source "$CP_DIR/ports.env"
+    state_source "$CP_DIR/ports.env"
     save_var APISERVER_PORT
     start_kcm
     start_scheduler
@@ -107,7 +107,7 @@ other_kubelet() { # another kubelet runs on this host (its /var/lib/kubelet must
 }
 
 cmd_down_locked() {
-    [[ -f "$STATE" ]] && source "$STATE"
+    [[ -f "$STATE" || -L "$STATE" ]] && state_source "$STATE"
     [[ -n "${KUBECTL:-}" ]] && delete_pods
     stop_pid chain-keeper publisher dranet dra-driver kubelet kube-scheduler kube-controller-manager
     if [[ -n "${CRICTL:-}" ]] && alive "$DIR/containerd.pid"; then

@@ -35,7 +35,7 @@ select_node() { # select_node I: every per-node variable the node.sh and driver 
     CNI_BIN="$DIR/cni/bin"; CNI_CONF="$DIR/cni/net.d"; CONFLIST="$CNI_CONF/10-$ID-$i.conflist"
     CDI_DIR="$CDI_NODE_DIR"; CGROOT="nc-$ID-$i"; BRIDGE="ncb-$ID-$i"; NETNAME="nc-$ID-$i"
     NODE_NS="$NSDIR/n$i"
-    if [[ -f "$DIR/node.env" ]]; then source "$DIR/node.env"; fi
+    if [[ -f "$DIR/node.env" || -L "$DIR/node.env" ]]; then state_source "$DIR/node.env"; fi
 }
 
 node_index() { # node_index NAME|I: the node's index
@@ -200,7 +200,7 @@ cmd_up_nodes() { # cmd_up_nodes N
     local count="${1:-}" i t0=$SECONDS pids=() failed=0
     [[ "$count" =~ ^[0-9]+$ ]] && ((count >= 1)) || die "usage: $0 up --nodes N (N >= 1)"
     [[ "$(id -u)" == 0 ]] || die "needs root (kubelet, containerd, cgroups, namespaces)"
-    mkdir -p "$TOP" && chmod 700 "$TOP"
+    state_dir_ensure "$TOP"
     exec 9>"$TOP/.lock"
     flock 9
     if is_multi_node; then
@@ -237,7 +237,7 @@ cmd_up_nodes() { # cmd_up_nodes N
 
     log "control plane (etcd, kube-apiserver) in $CP_DIR, nodes: $(node_names)"
     NETCLAIM_CP_NODES="$(node_names)" "$HERE/control-plane.sh" up >/dev/null
-    source "$CP_DIR/ports.env"
+    state_source "$CP_DIR/ports.env"
     save_var APISERVER_PORT
     kubelet_api_rbac
     KCM_EXTRA_ARGS=(--node-monitor-period=1s "--node-monitor-grace-period=$NODE_GRACE")
@@ -264,7 +264,7 @@ all_nodes() { # all_nodes FN: FN with each node selected, in a subshell; fails w
 }
 
 cmd_down_nodes_locked() {
-    source "$STATE"
+    state_source "$STATE"
     local i pids=()
     if [[ -n "${KUBECTL:-}" ]] && alive "$CP_DIR/kube-apiserver.pid"; then
         kc delete daemonsets,deployments,replicasets,jobs --all-namespaces --all --wait=false >/dev/null 2>&1 || true

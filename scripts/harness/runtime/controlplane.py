@@ -8,6 +8,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from .statedir import DEFAULT_CP_DIR, UnsafeStateDir, secure_state_dir
+
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "control-plane.sh"
 
@@ -27,6 +29,11 @@ class ControlPlaneHandle:
 
 
 def _run(*args: str, env: dict[str, str]) -> str:
+    """Run scripts/control-plane.sh on a state dir that is ours alone (runtime/statedir.py)."""
+    try:
+        secure_state_dir(env.get("NETCLAIM_CP_DIR") or DEFAULT_CP_DIR, create=False)
+    except UnsafeStateDir as exc:
+        raise RuntimeError(str(exc)) from None
     done = subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"scripts/control-plane.sh {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -35,6 +42,7 @@ def _run(*args: str, env: dict[str, str]) -> str:
 
 def up() -> ControlPlaneHandle:
     env = dict(os.environ)
+    _run("status", env=env)  # refuses an unsafe state dir before anything else runs
     status = subprocess.run([str(SCRIPT), "status"], env=env, capture_output=True, text=True)
     already = status.returncode == 0 and "kube-apiserver: running" in status.stdout
     _run("up", env=env)

@@ -68,9 +68,11 @@ def helm_values(cluster: RealCluster, ports: tuple[int, int], *extra: str) -> li
     sets = {
         "driverName": cluster.driver, "image.pullPolicy": "Never", "priorityClassName": "",
         "cni.confDir": f"{paths}/cni/net.d", "cni.binDir": f"{paths}/cni/bin",
-        "hostPaths.run": f"{paths}/ncd-run", "hostPaths.state": f"{paths}/ncd-state",
+        "hostPaths.run": f"{paths}/netclaim-run", "hostPaths.state": f"{paths}/netclaim-state",
         # hostNetwork pods of every node share the host's ports: each binds its own node IP.
         "metrics.port": str(ports[0]), "metrics.keeperPort": str(ports[1]),
+        # ... and its own probe ports there: 127.0.0.1 is one loopback for all of them here.
+        "metrics.probeHost": "node",
         # No kube-proxy here: the API server as the nodes see it.
         "apiServer.host": "127.0.0.1",
     }

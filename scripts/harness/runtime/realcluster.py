@@ -22,6 +22,7 @@ from typing import Any, Callable
 import yaml
 
 from .clusternode import ClusterNode
+from .statedir import DEFAULT_CLUSTER_DIR, UnsafeStateDir, secure_state_dir
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER_SH = REPO / "scripts" / "cluster.sh"
@@ -33,6 +34,11 @@ class ClusterError(RuntimeError):
 
 
 def cluster_sh(*args: str, env: dict[str, str], timeout: float = 3600) -> str:
+    """Run scripts/cluster.sh as root on a state dir that is ours alone (runtime/statedir.py)."""
+    try:
+        secure_state_dir(env.get("NETCLAIM_CLUSTER_DIR") or DEFAULT_CLUSTER_DIR, create=False)
+    except UnsafeStateDir as exc:
+        raise ClusterError(str(exc)) from None
     proc = subprocess.run([str(CLUSTER_SH), *args], env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise ClusterError(f"scripts/cluster.sh {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")

@@ -85,3 +85,18 @@ log file is set.
 {{- define "netclaim.pluginLogDir" -}}
 {{- with .Values.cni.pluginLogFile -}}{{- dir . -}}{{- end -}}
 {{- end -}}
+
+{{/* Where the probe listeners bind: the node's 127.0.0.1 (no pod reaches it), or, with
+metrics.probeHost=node, the node's address (only for test nodes that share one loopback). */}}
+{{- define "netclaim.probeAddressHost" -}}
+{{- if eq .Values.metrics.probeHost "node" -}}$(HOST_IP){{- else -}}127.0.0.1{{- end -}}
+{{- end -}}
+
+{{/* A probe's httpGet: to 127.0.0.1, or (probeHost=node) to the pod's IP, the node's for hostNetwork. */}}
+{{- define "netclaim.probeGet" -}}
+{{- if eq .root.Values.metrics.probeHost "node" -}}
+{path: {{ .path }}, port: {{ .port }}}
+{{- else -}}
+{host: 127.0.0.1, path: {{ .path }}, port: {{ .port }}}
+{{- end -}}
+{{- end -}}

@@ -1,4 +1,4 @@
-"""Issue 16, the plugin's input and hand-off: each test drives the real plugin executable
+"""the plugin's input and hand-off: each test drives the real plugin executable
 through the path a node takes, on real parts (a tiny tmpfs filled up or remounted
 read-only, the real unprivileged uid `nobody`, a real socket served by it).
 
@@ -71,7 +71,7 @@ def nested(depth: int) -> object:
 # ------------------------------------------------------------------ item 6: a short write is a failure
 
 
-def test_issue16_item6_short_write_on_full_disk_is_not_spooled(plugin_exe: str, dirs: Dirs, tmpfs_factory) -> None:
+def test_short_write_on_full_disk_is_not_spooled(plugin_exe: str, dirs: Dirs, tmpfs_factory) -> None:
     """Spool on a 64 KiB tmpfs with one page free; the event is ~10 KiB; no publisher."""
     fs: Tmpfs = tmpfs_factory("64k")
     spool = fs.path / "spool"
@@ -93,7 +93,7 @@ def test_issue16_item6_short_write_on_full_disk_is_not_spooled(plugin_exe: str, 
     assert fs.free() == 4096, "nothing of the failed writes holds space"
 
 
-def test_issue16_item6_dead_writers_temp_files_are_cleaned_live_ones_counted(tmp_path: Path) -> None:
+def test_dead_writers_temp_files_are_cleaned_live_ones_counted(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     wire.write_spool(str(spool), wire.Event(op="ADD", container_id="c0", ifname="eth0", driver="d"))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -124,7 +124,7 @@ def test_issue16_item6_dead_writers_temp_files_are_cleaned_live_ones_counted(tmp
 # ------------------------------------------------------------------ item 9: STATUS agrees with ADD
 
 
-def test_issue16_item9_status_fails_on_a_full_spool_file_system(plugin_exe: str, dirs: Dirs, tmpfs_factory) -> None:
+def test_status_fails_on_a_full_spool_file_system(plugin_exe: str, dirs: Dirs, tmpfs_factory) -> None:
     fs = tmpfs_factory("64k")
     fs.fill(leave=0)
     spool = str(fs.path / "spool")
@@ -136,7 +136,7 @@ def test_issue16_item9_status_fails_on_a_full_spool_file_system(plugin_exe: str,
     assert status(plugin_exe, dirs, spoolDir=spool, failurePolicy="Ignore")[:2] == (0, "")
 
 
-def test_issue16_item9_status_fails_on_a_read_only_spool(plugin_exe: str, dirs: Dirs, tmpfs_factory) -> None:
+def test_status_fails_on_a_read_only_spool(plugin_exe: str, dirs: Dirs, tmpfs_factory) -> None:
     fs = tmpfs_factory("1m")
     spool = fs.path / "spool"
     spool.mkdir(mode=0o700)
@@ -147,7 +147,7 @@ def test_issue16_item9_status_fails_on_a_read_only_spool(plugin_exe: str, dirs: 
     assert rc == 1 and error_of(out)["code"] == 11
 
 
-def test_issue16_item9_status_ok_on_a_healthy_spool_and_leaves_nothing(plugin_exe: str, dirs: Dirs,
+def test_status_ok_on_a_healthy_spool_and_leaves_nothing(plugin_exe: str, dirs: Dirs,
                                                                        tmpfs_factory) -> None:
     fs = tmpfs_factory("1m")
     spool = fs.path / "spool"
@@ -162,7 +162,7 @@ def test_issue16_item9_status_ok_on_a_healthy_spool_and_leaves_nothing(plugin_ex
 # ------------------------------------------------------------------ item 13: one event size cap
 
 
-def test_issue16_item13_oversized_prev_result_is_refused_on_both_channels(plugin_exe: str, dirs: Dirs,
+def test_oversized_prev_result_is_refused_on_both_channels(plugin_exe: str, dirs: Dirs,
                                                                           publisher: PublisherDouble) -> None:
     prev = prev_result(routes=60000)  # ~2.6 MiB
     assert 2 << 20 < len(json.dumps(prev)) < 3 << 20
@@ -179,7 +179,7 @@ def test_issue16_item13_oversized_prev_result_is_refused_on_both_channels(plugin
     assert dropped and dropped[-1]["outcome"] == "too-large"
 
 
-def test_issue16_item13_event_just_under_the_cap_is_still_handed_off(plugin_exe: str, dirs: Dirs,
+def test_event_just_under_the_cap_is_still_handed_off(plugin_exe: str, dirs: Dirs,
                                                                      publisher: PublisherDouble) -> None:
     prev = prev_result(routes=4000)  # ~180 KiB: a huge but acceptable result
     rc, out, err = add(plugin_exe, dirs, prev, failurePolicy="Fail")
@@ -187,7 +187,7 @@ def test_issue16_item13_event_just_under_the_cap_is_still_handed_off(plugin_exe:
     assert len(publisher.events) == 1 and len(publisher.events[0].result["routes"]) == 4000
 
 
-def test_issue16_item13_stdin_is_read_bounded(plugin_exe: str, dirs: Dirs) -> None:
+def test_stdin_is_read_bounded(plugin_exe: str, dirs: Dirs) -> None:
     from cni_plugin.config import MAX_STDIN_BYTES
 
     conf = dirs.conf(cniVersion="1.0.0", name="issue16-net", prevResult=prev_result(),
@@ -201,7 +201,7 @@ def test_issue16_item13_stdin_is_read_bounded(plugin_exe: str, dirs: Dirs) -> No
 # ------------------------------------------------------------------ item 15: nesting depth
 
 
-def test_issue16_item15_deep_prev_result_is_refused_with_code_6(plugin_exe: str, dirs: Dirs) -> None:
+def test_deep_prev_result_is_refused_with_code_6(plugin_exe: str, dirs: Dirs) -> None:
     prev = prev_result(dns={"options": [nested(700)]})
     for policy in ("Ignore", "Fail"):
         rc, out, err = add(plugin_exe, dirs, prev, failurePolicy=policy)
@@ -217,7 +217,7 @@ def test_issue16_item15_deep_prev_result_is_refused_with_code_6(plugin_exe: str,
     assert event.op == "DEL" and event.result is None
 
 
-def test_issue16_item15_depth_limit_allows_sane_nesting(plugin_exe: str, dirs: Dirs) -> None:
+def test_depth_limit_allows_sane_nesting(plugin_exe: str, dirs: Dirs) -> None:
     rc, out, err = add(plugin_exe, dirs, prev_result(dns={"options": [nested(50)]}))
     assert rc == 0, out + err
 
@@ -242,7 +242,7 @@ def hostile_tree():
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
-def test_issue16_item16_symlinked_parent_planted_by_nobody_is_not_followed(plugin_exe: str, dirs: Dirs,
+def test_symlinked_parent_planted_by_nobody_is_not_followed(plugin_exe: str, dirs: Dirs,
                                                                            hostile_tree) -> None:
     _, victim, home = hostile_tree
     as_nobody("ln", "-s", str(victim), str(home / "sub"))  # the real unprivileged user plants the links
@@ -267,7 +267,7 @@ def test_issue16_item16_symlinked_parent_planted_by_nobody_is_not_followed(plugi
     assert rc == 1 and error_of(out)["code"] == 50
 
 
-def test_issue16_item16_dir_owned_by_nobody_is_refused_even_without_links(plugin_exe: str, dirs: Dirs,
+def test_dir_owned_by_nobody_is_refused_even_without_links(plugin_exe: str, dirs: Dirs,
                                                                           hostile_tree) -> None:
     _, _, home = hostile_tree
     as_nobody("mkdir", str(home / "real"))
@@ -277,7 +277,7 @@ def test_issue16_item16_dir_owned_by_nobody_is_refused_even_without_links(plugin
     assert not (home / "real" / "spool").exists(), "root created nothing in a directory nobody controls"
 
 
-def test_issue16_item16_sticky_world_writable_ancestor_is_allowed(plugin_exe: str, dirs: Dirs, tmp_path: Path) -> None:
+def test_sticky_world_writable_ancestor_is_allowed(plugin_exe: str, dirs: Dirs, tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o1777)  # like /tmp
@@ -308,7 +308,7 @@ while True:
 """
 
 
-def test_issue16_item17_socket_served_by_nobody_gets_no_event(plugin_exe: str, dirs: Dirs, hostile_tree) -> None:
+def test_socket_served_by_nobody_gets_no_event(plugin_exe: str, dirs: Dirs, hostile_tree) -> None:
     _, _, home = hostile_tree
     sock = str(home / "pub.sock")
     server = subprocess.Popen(["/usr/bin/python3", "-I", "-c", _NOBODY_SERVER, sock], user="nobody",

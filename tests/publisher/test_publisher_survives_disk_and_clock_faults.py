@@ -1,4 +1,4 @@
-"""Issue 16, publisher side: the journal never wedges the publisher, a broken spool never stops
+"""publisher side: the journal never wedges the publisher, a broken spool never stops
 housekeeping, scheduling survives wall-clock steps, the metrics port is bounded, files are
 private, and the probes tell the truth.
 
@@ -69,7 +69,7 @@ def published(cluster, claim: str, timeout: float = 60.0) -> None:
 # ---------------------------------------------------------------- item 1
 
 
-def test_issue16_item1_a_held_write_lock_does_not_wedge_the_publisher(cluster, publisher_factory, workdir):
+def test_a_held_write_lock_does_not_wedge_the_publisher(cluster, publisher_factory, workdir):
     pub = publisher_factory(extra=["--spool-interval", "0.5"])
     plugin = Plugin(pub.socket, pub.spool, workdir)
     claim1, pod1 = pod_ready(cluster, "held-1")
@@ -110,7 +110,7 @@ def tmpfs_spool(publisher_factory):
     subprocess.run(["umount", "-l", pub.spool], check=False)
 
 
-def test_issue16_item4_undeletable_spool_keeps_housekeeping_going(cluster, tmpfs_spool, workdir):
+def test_undeletable_spool_keeps_housekeeping_going(cluster, tmpfs_spool, workdir):
     pub = tmpfs_spool
     pub.extra += ["--spool-interval", "0.2", "--resync-interval", "1"]
     plugin = Plugin(pub.socket, pub.spool, workdir)
@@ -139,7 +139,7 @@ def test_issue16_item4_undeletable_spool_keeps_housekeeping_going(cluster, tmpfs
     assert len(events) < 100, events[-20:]
 
 
-def test_issue16_soak_a_stuck_spool_file_goes_and_readiness_returns_once_the_spool_is_writable(
+def test_soak_a_stuck_spool_file_goes_and_readiness_returns_once_the_spool_is_writable(
         cluster, tmpfs_spool, workdir):
     """Found by the 60-minute soak: after a read-only spool was made writable again, the file
     that could not be deleted stayed remembered as stuck, and /readyz stayed false for good."""
@@ -159,7 +159,7 @@ def test_issue16_soak_a_stuck_spool_file_goes_and_readiness_returns_once_the_spo
     assert st["spool_stuck_files"] == 0 and list_spool(pub.spool) == [], st
 
 
-def test_issue16_soak_a_held_write_lock_shows_in_readiness_while_nothing_is_written(publisher_factory):
+def test_soak_a_held_write_lock_shows_in_readiness_while_nothing_is_written(publisher_factory):
     """Found by the 60-minute soak: with no event to write, another process holding the journal's
     write lock went unseen (/readyz stayed true), though any ADD would have had to spool."""
     pub = publisher_factory(extra=["--spool-interval", "1"])
@@ -210,7 +210,7 @@ def stepped_publisher(publisher_factory, workdir, monkeypatch):
     return publisher_factory(extra=["--spool-interval", "0.2", "--resync-interval", "1"])
 
 
-def test_issue16_item8_a_wall_clock_step_back_does_not_stall_retries(cluster, stepped_publisher, workdir):
+def test_a_wall_clock_step_back_does_not_stall_retries(cluster, stepped_publisher, workdir):
     pub = stepped_publisher
     plugin = Plugin(pub.socket, pub.spool, workdir)
     claim = "step-back-net"
@@ -224,7 +224,7 @@ def test_issue16_item8_a_wall_clock_step_back_does_not_stall_retries(cluster, st
     published(cluster, claim, 60)  # the retry came on schedule, not an hour later
 
 
-def test_issue16_item8_a_wall_clock_step_forward_does_not_prune_tombstones_early(cluster, stepped_publisher,
+def test_a_wall_clock_step_forward_does_not_prune_tombstones_early(cluster, stepped_publisher,
                                                                                   workdir):
     pub = stepped_publisher
     claim, pod = pod_ready(cluster, "step-fwd")
@@ -251,7 +251,7 @@ def threads_of(pid: int) -> int:
     raise AssertionError("no Threads line")
 
 
-def test_issue16_item12_idle_connections_are_bounded_and_closed(publisher):
+def test_idle_connections_are_bounded_and_closed(publisher):
     pid = publisher.proc.pid
     baseline = threads_of(pid)
     conns = []
@@ -288,7 +288,7 @@ def test_issue16_item12_idle_connections_are_bounded_and_closed(publisher):
 # ---------------------------------------------------------------- item 17
 
 
-def test_issue16_item17_nothing_the_publisher_creates_is_readable_by_others(cluster, publisher_factory, workdir):
+def test_nothing_the_publisher_creates_is_readable_by_others(cluster, publisher_factory, workdir):
     old = os.umask(0o022)  # the DaemonSet's umask
     try:
         pub = publisher_factory()
@@ -310,7 +310,7 @@ def test_issue16_item17_nothing_the_publisher_creates_is_readable_by_others(clus
 # ---------------------------------------------------------------- health
 
 
-def test_issue16_health_liveness_fails_while_the_journal_is_wedged(cluster, publisher_factory, workdir):
+def test_health_liveness_fails_while_the_journal_is_wedged(cluster, publisher_factory, workdir):
     pub = publisher_factory()
     claim, pod = pod_ready(cluster, "wedged")
     holder = hold_write_lock(os.path.join(pub.state, "journal.db"), limits.JOURNAL_WEDGED + 30)
@@ -326,7 +326,7 @@ def test_issue16_health_liveness_fails_while_the_journal_is_wedged(cluster, publ
     wait_for(lambda: probe(pub, "/healthz")[0] == 200 and probe(pub, "/readyz")[0] == 200, 60, "healthy again")
 
 
-def test_issue16_health_thread_past_its_restart_budget_fails_liveness(control_plane, workdir):
+def test_health_thread_past_its_restart_budget_fails_liveness(control_plane, workdir):
     from publisher.kube import Credentials, Kube
     from publisher.metrics import Metrics
     from publisher.service import Service, Settings
@@ -351,7 +351,7 @@ def test_issue16_health_thread_past_its_restart_budget_fails_liveness(control_pl
         svc.stop()
 
 
-def test_issue16_item8_times_of_another_boot_are_rebased_at_open(workdir):
+def test_times_of_another_boot_are_rebased_at_open(workdir):
     """Times stored on another boot's CLOCK_BOOTTIME mean nothing now: due at once; its marks go."""
     import sqlite3
 

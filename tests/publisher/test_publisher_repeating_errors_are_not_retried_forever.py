@@ -1,4 +1,4 @@
-"""Issue 16 item 15, the publisher's half: an error that repeats is never retried forever.
+"""the publisher's half: an error that repeats is never retried forever.
 
 The plugin and intake now refuse too-deep and oversized events, but a journal
 written by an earlier release can still hold one (it was acked and journaled
@@ -44,7 +44,7 @@ def journal_an_old_event(state_dir: str, container_id: str, pod: PodRef) -> None
         db.close()
 
 
-def test_issue16_item15_unreadable_journaled_event_fails_once_and_blocks_nothing(
+def test_unreadable_journaled_event_fails_once_and_blocks_nothing(
         cluster: Cluster, publisher_factory, workdir):
     claim, uid = cluster.pod_with_claim("p0", [("nic", "nic0")])
     pod = PodRef(cluster.namespace, "p0", uid)

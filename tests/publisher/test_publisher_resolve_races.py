@@ -1,4 +1,4 @@
-"""Issue 16 items 5 and 7: what another worker commits while an ADD is being resolved.
+"""what another worker commits while an ADD is being resolved.
 
 The publisher's own parts in this process (the Service's journal file, resolver,
 rules, reconciler and writer, on the real API server), not started: the test is
@@ -48,7 +48,7 @@ def shown(devices: list[dict]) -> set[str]:
     return {d["data"]["containerID"] for d in devices if d["driver"] == DRIVER}
 
 
-def test_issue16_item5_add_resolved_before_a_gc_committed_is_not_recorded_after_it(
+def test_add_resolved_before_a_gc_committed_is_not_recorded_after_it(
         cluster: Cluster, service: Service, monkeypatch):
     claim, uid = cluster.pod_with_claim("gc-race", [("nic", "nic0")])
     pod = PodRef(cluster.namespace, "gc-race", uid)
@@ -62,7 +62,7 @@ def test_issue16_item5_add_resolved_before_a_gc_committed_is_not_recorded_after_
     assert shown(cluster.devices(claim)) == set()
 
 
-def test_issue16_item7_racing_adds_of_a_shared_claim_show_the_newest_sandbox(
+def test_racing_adds_of_a_shared_claim_show_the_newest_sandbox(
         cluster: Cluster, service: Service, monkeypatch):
     claim = "shared"
     cluster.claim(claim)

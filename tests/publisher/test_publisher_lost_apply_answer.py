@@ -1,4 +1,4 @@
-"""Issue 16 item 3: an apply whose answer is lost must not leave a stale entry behind.
+"""an apply whose answer is lost must not leave a stale entry behind.
 
 The real publisher talks to the real API server through an HTTPS proxy
 (tests/publisher/lossy_proxy.py) that can forward a status apply, let the API
@@ -40,7 +40,7 @@ def wait(predicate, what: str, timeout: float = 30.0) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
-def test_issue16_item3_lost_apply_then_desired_body_goes_back(cluster: Cluster, publisher_factory, proxy,
+def test_lost_apply_then_desired_body_goes_back(cluster: Cluster, publisher_factory, proxy,
                                                                control_plane, workdir):
     via_proxy = dataclasses.replace(control_plane, server=proxy.url, ca_file=proxy.cert)
     kubeconfig = via_proxy.kubeconfig_for_token(control_plane.token("admin"), workdir / "proxy.kubeconfig")
@@ -67,7 +67,7 @@ def test_issue16_item3_lost_apply_then_desired_body_goes_back(cluster: Cluster, 
     assert entries(cluster.devices(claim)) == {"nic0"}, "the removed entry stays after a lost apply"
 
 
-def test_issue16_item3_holds_sees_an_entry_we_own_beyond_the_desired_ones(cluster: Cluster):
+def test_holds_sees_an_entry_we_own_beyond_the_desired_ones(cluster: Cluster):
     """`holds` on the live claim: our manager owns nic0 and nic1 there; a desired body of
     nic0 alone does not hold (another manager's entry does not count)."""
     claim, _ = cluster.pod_with_claim("owned", [("nic", "nic0"), ("nic", "nic1"), ("nic", "nic2")])

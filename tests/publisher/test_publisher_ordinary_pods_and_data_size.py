@@ -1,4 +1,4 @@
-"""Issue 16 items 11 and 14, on the real kube-apiserver with the real plugin and publisher.
+"""on the real kube-apiserver with the real plugin and publisher.
 
 11: netclaim runs for every pod of its network and most pods have no claim. Such a pod
     must cost nothing beyond the node's pod watch: no GET, no failure, no Warning Event,
@@ -75,7 +75,7 @@ def watch_only_kubeconfig(control_plane, api_client, cluster: Cluster, workdir):
                 pass
 
 
-def test_issue16_item11_ordinary_pods_cost_nothing(cluster: Cluster, publisher_factory, workdir,
+def test_ordinary_pods_cost_nothing(cluster: Cluster, publisher_factory, workdir,
                                                    watch_only_kubeconfig):
     publisher = publisher_factory(kubeconfig=watch_only_kubeconfig)
     plugin = Plugin(publisher.socket, publisher.spool, workdir)
@@ -117,7 +117,7 @@ def allocate_to_other_driver(cluster: Cluster, claim: str, pod: str, uid: str) -
                                                             _content_type=MERGE)
 
 
-def test_issue16_item11_pod_whose_claims_are_of_another_driver_is_ignored(cluster: Cluster, publisher, plugin):
+def test_pod_whose_claims_are_of_another_driver_is_ignored(cluster: Cluster, publisher, plugin):
     """The claims are read (one GET each), found allocated without a device of the driver: no failure."""
     cluster.claim("gpu-only")
     uid = cluster.pod("gpu-pod", ["gpu-only"])
@@ -131,7 +131,7 @@ def test_issue16_item11_pod_whose_claims_are_of_another_driver_is_ignored(cluste
     assert publisher.metric("netclaim_k8s_events_total") == 0 and cluster.warnings() == []
 
 
-def test_issue16_item14_lone_surrogate_does_not_block_the_claims_other_entry(cluster: Cluster, publisher,
+def test_lone_surrogate_does_not_block_the_claims_other_entry(cluster: Cluster, publisher,
                                                                             plugin):
     """Two attachments of one pod on two devices of one claim (one apply carries both). The
     first one's prevResult has a lone surrogate ("\\ud800" on the plugin's stdin, valid JSON)
@@ -158,7 +158,7 @@ def test_issue16_item14_lone_surrogate_does_not_block_the_claims_other_entry(clu
     assert publisher.metric("netclaim_apply_errors_total") == 0
 
 
-def test_issue16_item14_data_is_measured_as_the_api_server_counts_it(cluster: Cluster, publisher, plugin):
+def test_data_is_measured_as_the_api_server_counts_it(cluster: Cluster, publisher, plugin):
     """The API server counts `data` in its own JSON, where <, > and & take 6 bytes each: a
     result that is small in Python's count but over 10 KiB in the server's is trimmed
     locally (dns first) instead of refused with 422 for the whole claim."""

@@ -1,6 +1,6 @@
-"""Issue 16 items 13 and 15, the publisher's side of the shared wire limits.
+"""the publisher's side of the shared wire limits.
 
-The plugin refuses oversized and too-deep events (tests/plugin/test_issue16.py),
+The plugin refuses oversized and too-deep events (tests/plugin/test_plugin_input_and_handoff_limits.py),
 but the spool is a directory anyone with root can drop files into, and an older
 plugin may have spooled such events. So the real publisher (a subprocess on the
 real API server) must refuse them at intake, before parsing, from either
@@ -78,7 +78,7 @@ def rejected(pub: Publisher, reason: str) -> float:
     return pub.metric(f'netclaim_events_rejected_total{{reason="{reason}"}}')
 
 
-def test_issue16_item13_huge_spool_file_is_quarantined_before_parsing(publisher_at) -> None:
+def test_huge_spool_file_is_quarantined_before_parsing(publisher_at) -> None:
     size = 66 << 20
 
     def plant_big(spool: Path) -> None:
@@ -106,7 +106,7 @@ def test_issue16_item13_huge_spool_file_is_quarantined_before_parsing(publisher_
     assert peak < baseline + (16 << 10), f"publisher peak RSS {peak} KiB vs {baseline} KiB without the file"
 
 
-def test_issue16_item13_oversized_frame_is_refused_on_the_socket(publisher_at) -> None:
+def test_oversized_frame_is_refused_on_the_socket(publisher_at) -> None:
     pub = publisher_at()
     big = event_dict("bigsock", {"cniVersion": "1.1.0", "pad": "A" * (300 << 10)})  # over the 256 KiB cap
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -130,7 +130,7 @@ def _deep(depth: int) -> object:
     return value
 
 
-def test_issue16_item15_deep_event_is_quarantined_not_retried(publisher_at) -> None:
+def test_deep_event_is_quarantined_not_retried(publisher_at) -> None:
     def plant_deep(spool: Path) -> None:
         event = event_dict("deep", {"cniVersion": "1.1.0", "interfaces": [], "ips": [], "dns": {"x": _deep(700)}})
         (spool / spool_name("deep")).write_text(json.dumps(event))

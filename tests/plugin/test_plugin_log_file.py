@@ -1,4 +1,4 @@
-"""Issue 18 item 6, the plugin's own log: "" means no log file, and a named one is bounded.
+"""the plugin's own log: "" means no log file, and a named one is bounded.
 
 Each test runs the real plugin executable the way a runtime does. The no-file
 test runs it in a private mount namespace whose /var/log is a fresh tmpfs, so
@@ -20,7 +20,7 @@ import pytest
 from cni_plugin.log import MAX_LOG_BYTES
 
 from .conftest import CNI_BIN, POD_ARGS, Dirs, run_plugin
-from .test_issue16 import prev_result
+from .test_plugin_input_and_handoff_limits import prev_result
 
 # Runs inside `unshare -m`: a tmpfs on /var/log, the plugin with cwd and HOME in
 # a scratch dir, then every file found under /var/log and the scratch dir.
@@ -51,7 +51,7 @@ def run_with_private_var_log(exe: str, conf: dict) -> dict:
 
 
 @pytest.mark.parametrize("how", ["empty string", "absent"])
-def test_issue18_item6_plugin_log_file_empty_writes_no_file(plugin_exe: str, dirs: Dirs, how: str) -> None:
+def test_plugin_log_file_empty_writes_no_file(plugin_exe: str, dirs: Dirs, how: str) -> None:
     """The chart's `cni.pluginLogFile: ""` (which the chain keeper leaves out of the entry) means no file."""
     conf = dirs.conf(cniVersion="1.0.0", name="issue18-net", prevResult=prev_result())
     if how == "absent":
@@ -93,7 +93,7 @@ def _containers(path: Path) -> set[str]:
     return {r.get("containerID", "") for r in map(json.loads, path.read_text().splitlines())} - {""}
 
 
-def test_issue18_item6_plugin_log_rotates_at_the_cap_under_concurrent_runs(plugin_exe: str, dirs: Dirs) -> None:
+def test_plugin_log_rotates_at_the_cap_under_concurrent_runs(plugin_exe: str, dirs: Dirs) -> None:
     log = Path(dirs.log)
     rotated = Path(dirs.log + ".1")
     _fill(log, MAX_LOG_BYTES, "old")
@@ -114,7 +114,7 @@ def test_issue18_item6_plugin_log_rotates_at_the_cap_under_concurrent_runs(plugi
     assert _containers(log) == {"ctr-b0"}
 
 
-def test_issue18_item6_a_small_log_is_appended_to_not_rotated(plugin_exe: str, dirs: Dirs) -> None:
+def test_a_small_log_is_appended_to_not_rotated(plugin_exe: str, dirs: Dirs) -> None:
     rc, _, err = run_plugin(plugin_exe, "ADD", dirs.conf(cniVersion="1.0.0", name="issue18-net", prevResult=prev_result()),
                             netns="/run/netns/ncpl-none", args=POD_ARGS)
     assert rc == 0, err
