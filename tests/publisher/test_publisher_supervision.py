@@ -66,7 +66,9 @@ def test_defect5_crashed_thread_is_restarted_and_reported(service):
     service._spawn("probe", body)
     wait(lambda: "probe" in service.down)
     ok, why = service.ready()
-    assert not ok and "probe crashed: RuntimeError: boom" in why
+    # /readyz names the thread and the error's type; the message (maybe an API answer) is logged only.
+    assert not ok and "probe crashed: RuntimeError" in why and "boom" not in why
+    assert "probe crashed: RuntimeError: boom" in service.down["probe"]
     wait(lambda: len(calls) == 2)  # restarted
     wait(lambda: service.ready()[0])  # and no longer reported down
     release.set()
@@ -97,7 +99,9 @@ def test_readyz_says_not_ready_past_the_api_thresholds(service):
     assert service.ready()[0]  # not yet past the threshold
     kube._health.failing_since -= limits.API_DOWN_NOT_READY + 1
     ok, why = service.ready()
-    assert not ok and why.startswith("api: unreachable") and "connection refused" in why
+    # A fixed class of failure; the error's own text is the log's (anyone reaching the port reads /readyz).
+    assert not ok and why.startswith("api: failing for") and "unreachable (no answer)" in why
+    assert "connection refused" not in why
     kube._note(200)  # any answer ends it
     assert service.ready()[0]
     for _ in range(limits.UNAUTHORIZED_NOT_READY):
