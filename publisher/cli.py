@@ -78,8 +78,8 @@ def config_error(what: str, exc: BaseException) -> click.ClickException:
 
 def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
     """The API client, or one clear line about why the credential cannot be used."""
-    from .apiclient import ConfigError
-    from .kube import load_client
+    from publisher.kube.apiclient import ConfigError
+    from publisher.kube.calls import load_client
 
     if kubeconfig:
         paths = [p for p in kubeconfig.split(os.pathsep) if p]
@@ -93,7 +93,7 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
     except (ConfigError, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise config_error(what, exc) from None
     if getattr(getattr(client, "endpoint", None), "system_roots", False):
-        from . import logs
+        from publisher import logs
 
         logs.get().warning("the kubeconfig names no certificate-authority: the API server's certificate is "
                            "checked against the system's CA store (as kubectl does); name the cluster's CA to "
@@ -181,12 +181,17 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               show_default=True, type=click.Choice(["auto", "always", "never"]),
               help="fsync every journal commit before the ack. auto: only when the state dir is on a network or "
                    "FUSE filesystem; use always for a publisher in a VM-isolated runtime (docs/publisher.md).")
+@click.option("--live-watch/--no-live-watch", envvar="NETCLAIM_LIVE_WATCH", show_envvar=True, default=True,
+              show_default=True,
+              help="Follow each attachment's interface in its pod's netns after ADD: Ready and networkData show "
+                   "link down, lost carrier, addresses added or removed (needs CAP_SYS_ADMIN and the netns "
+                   "directory; without them the watch is off and says so in /readyz).")
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
         metrics_address: str, probe_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, verify_after: float,
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
-        unchained_grace: float, durable_commits: str) -> None:
+        unchained_grace: float, durable_commits: str, live_watch: bool) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
     import sqlite3
 
@@ -194,12 +199,12 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     # whatever umask the unit or the container runtime started us with.
     os.umask(0o077)
 
-    from . import logs
-    from .durability import durable_commits as decide_durability
-    from .kube import Credentials, Kube
-    from .metrics import HealthServer, Metrics
-    from .server import SocketServer
-    from .service import Service, Settings
+    from publisher import logs
+    from publisher.journal.durability import durable_commits as decide_durability
+    from publisher.kube.calls import Credentials, Kube
+    from publisher.observe.metrics import HealthServer, Metrics
+    from publisher.intake.server import SocketServer
+    from publisher.service import Service, Settings
 
     limit_malloc_arenas()
     log = logs.setup(log_format, log_level)
@@ -217,7 +222,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                         claim_window=claim_window, max_claim_windows=max_claim_windows,
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
                         driver_names=driver_names, unchained_grace=unchained_grace,
-                        durable_commits=durable)
+                        durable_commits=durable, live_watch=live_watch)
     try:
         service = Service(settings, kube, metrics)
         server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
@@ -333,8 +338,9 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
     from pathlib import Path
 
-    from . import chainkeeper, logs
-    from .conflist import Refused, build_entry
+    from publisher.chain import keeper as chainkeeper
+    from publisher import logs
+    from publisher.chain.conflist import Refused, build_entry
 
     # First of all: a SIGTERM that comes while the API client is still loading must not be lost.
     stop = chainkeeper.StopSignal.install() if not (once or uninstall_now) else None
@@ -376,7 +382,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
 
     owner = None
     if kube is not None and daemonset:
-        from .ownerwatch import OwnerWatch
+        from publisher.chain.ownerwatch import OwnerWatch
 
         owner = OwnerWatch(kube, namespace, daemonset)
         owner.start()  # from the first moment: the proof of an uninstall must be in hand before SIGTERM
@@ -399,7 +405,7 @@ def keeper_kube(kubeconfig: str | None) -> Any:
     and on SIGTERM after `helm uninstall` it could no longer tell the node to be cleaned.
     Three connections: the DaemonSet watch holds one, Events and the final GET the others.
     """
-    from .kube import Credentials, Kube
+    from publisher.kube.calls import Credentials, Kube
 
     return Kube(api_client_for(kubeconfig, 3), credentials=Credentials(kubeconfig, 3))
 
@@ -409,7 +415,7 @@ def contest_events(kube: Any, node_name: str) -> Any:
 
     Returns a factory: given the keeper's outcome counter, the (conflist, note) warner.
     """
-    from .events import EventRecorder, node_ref
+    from publisher.observe.events import EventRecorder, node_ref
 
     def make(count: Any) -> Any:
         recorder = EventRecorder(kube, node_name, count, action="ChainPlugin")

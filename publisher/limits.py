@@ -44,7 +44,7 @@ MAX_GONE_PODS = 4096  # deleted pods the pod watch remembers (a late DEL still k
 WATCH_RENEW = (1800, 3600)
 WATCH_SILENCE = 300.0
 # An API server restart breaks every node's watches at the same instant. As client-go's reflector does,
-# publisher/listwatch.py then waits a random time in [0, window] before each relist (full jitter, so 5,000
+# publisher/kube/listwatch.py then waits a random time in [0, window] before each relist (full jitter, so 5,000
 # nodes do not come back in lockstep); the window starts at WATCH_BACKOFF_BASE and doubles per failure up
 # to WATCH_BACKOFF_CAP. Only a watch that lived WATCH_BACKOFF_RESET seconds resets it (a good LIST does
 # not: a WATCH refused after each LIST would otherwise cost a LIST per second), and a watch that ends within
@@ -54,7 +54,7 @@ WATCH_BACKOFF_CAP = 30.0
 WATCH_BACKOFF_RESET = 120.0
 WATCH_TOO_SHORT = 1.0
 RETRY_AFTER_MAX = 300.0  # an API server's Retry-After (429, 503) is a floor for the next try, up to this
-# Client-side rate limit of each process's API requests (a token bucket, publisher/ratelimit.py). client-go's
+# Client-side rate limit of each process's API requests (a token bucket, publisher/kube/ratelimit.py). client-go's
 # library defaults (5/s, burst 10) would queue a node's ordinary pod-start burst (2 requests per claimed ADD,
 # 20 ADDs/s in the publisher bench), so a kubelet's defaults: it bounds a runaway loop, not normal work.
 # A watch counts once, when it is opened.
@@ -238,7 +238,7 @@ def validate_entry(entry: dict[str, Any]) -> None:
     if errors:
         raise InvalidEntry("; ".join(errors))
 
-# ---- Journal, housekeeping and health bounds (publisher/journal.py, resync.py, health.py, metrics.py).
+# ---- Journal, housekeeping and health bounds (publisher/journal/store.py, repair/resync.py, observe/health.py, observe/metrics.py).
 JOURNAL_BUSY_TIMEOUT = 5.0  # seconds SQLite waits for another process's write lock before a statement fails
 JOURNAL_PROBE_WAIT = 1.0  # seconds housekeeping's health probe of the journal waits for that lock
 JOURNAL_LOCK_WAIT = 30.0  # seconds a thread waits for the publisher's own write slot before giving up
@@ -260,7 +260,7 @@ PROBE_WORKERS = 2  # threads answering /healthz, /readyz on the probe listener
 PROBE_QUEUE = 8  # connections waiting for one of them; more are closed at once
 INTERNAL_ERROR_RETRIES = 3  # an event whose handling raised a non-journal error this often is failed, not retried forever
 
-# ---- Chain keeper (publisher/chainguard.py): when keeping netclaim chained turns into a fight.
+# ---- Chain keeper (publisher/chain/guard.py): when keeping netclaim chained turns into a fight.
 CHAIN_WRITES_MAX = 5  # keeper writes of one conflist within CHAIN_WRITES_WINDOW; one more = contested
 CHAIN_WRITES_WINDOW = 60.0  # seconds; also how long a contested conflist must stay chained to be settled
 CHAIN_BACKOFF_FIRST = 10.0  # seconds without writing a contested conflist, doubled after each lost retry

@@ -1,18 +1,19 @@
 """The publisher service: wires the data flow together and keeps its threads alive.
 
-    socket / spool ─▶ intake (publisher/intake.py) ─▶ journal (publisher/journal.py)
-    journal ─▶ workers ─▶ per-verb rules (publisher/rules.py) ─▶ reconciler (publisher/reconciler.py,
-    the only writer) ─▶ server-side apply (publisher/writer.py)
-    claim windows (publisher/claimwatch.py): resolve by a watch that stays open after the apply
-    housekeeping (publisher/resync.py): spool ingestion, dirty-claim retries, safety net, pruning
-    report (publisher/report.py): status, last error, Warning Events
+    socket / spool ─▶ intake (publisher/intake/spool.py) ─▶ journal (publisher/journal/store.py)
+    journal ─▶ workers ─▶ per-verb rules (publisher/reconcile/rules.py) ─▶ reconciler (publisher/reconcile/reconciler.py,
+    the only writer) ─▶ server-side apply (publisher/reconcile/writer.py)
+    claim windows (publisher/repair/claimwatch.py): resolve by a watch that stays open after the apply
+    housekeeping (publisher/repair/resync.py): spool ingestion, dirty-claim retries, safety net, pruning
+    report (publisher/observe/report.py): status, last error, Warning Events
+    live watch (publisher/live/watcher.py): each entry follows its interface in the pod's netns
 
 Workers are sharded by containerID, so the events of one attachment are
 handled by one thread in journal order; other sandboxes run in parallel.
 Every thread runs under a supervisor that logs a crash, marks the thread
 down (/readyz says so) and starts it again after a short delay; past its
 restart budget liveness fails too. Loops record heartbeats and parts record
-faults in `health` (publisher/health.py), which the probes read without
+faults in `health` (publisher/observe/health.py), which the probes read without
 touching the journal.
 """
 
@@ -26,24 +27,26 @@ from typing import Any, Callable
 
 from cni_plugin.wire import Event
 
-from . import limits, logs
-from .clock import node_seconds
-from .claimwatch import ClaimWindows
-from .events import EventRecorder
-from .health import Health
-from .intake import Intake
-from .journal import Journal, Pending, shard_key
-from .kube import Kube, TransientError
-from .metrics import Metrics
-from .podcache import PodCache
-from .reconciler import Reconciler
-from .report import Reporter, event_fields
-from .resolver import Resolver
-from .resync import Housekeeping
-from .safetynet import SafetyNet
-from .rules import RuleSettings, Rules, result_hash  # noqa: F401  (result_hash: used by tools/tests)
-from .unchained import UnchainedPods
-from .writer import Writer
+from publisher import limits
+from publisher import logs
+from publisher.clock import node_seconds
+from publisher.repair.claimwatch import ClaimWindows
+from publisher.observe.events import EventRecorder
+from publisher.observe.health import Health
+from publisher.intake.spool import Intake
+from publisher.live.watcher import LiveSettings, LiveWatch
+from publisher.journal.store import Journal, Pending, shard_key
+from publisher.kube.calls import Kube, TransientError
+from publisher.observe.metrics import Metrics
+from publisher.reconcile.podcache import PodCache
+from publisher.reconcile.reconciler import Reconciler
+from publisher.observe.report import Reporter, event_fields
+from publisher.reconcile.resolver import Resolver
+from publisher.repair.resync import Housekeeping
+from publisher.repair.safetynet import SafetyNet
+from publisher.reconcile.rules import RuleSettings, Rules, result_hash  # noqa: F401  (result_hash: used by tools/tests)
+from publisher.repair.unchained import UnchainedPods
+from publisher.reconcile.writer import Writer
 
 
 @dataclass
@@ -63,7 +66,8 @@ class Settings:
     emit_events: bool = True
     driver_names: tuple[str, ...] = ()  # netclaim's drivers: pods started while unchained are reported
     unchained_grace: float = 30.0
-    durable_commits: bool = False  # fsync every journal commit (publisher/durability.py decides)
+    durable_commits: bool = False  # fsync every journal commit (publisher/journal/durability.py decides)
+    live_watch: bool = True  # follow each attachment's interface in its netns (publisher/live/)
 
 
 class Service:
@@ -104,6 +108,8 @@ class Service:
             metrics, self.stopping, self.safety, settings.spool_interval, settings.retry_base,
             settings.retry_cap, lambda: self.intake.last_ingest, self.health, self.windows)
         self.pods.observers.append(self.housekeeping.pod_seen)
+        self.live_watch = LiveWatch(self.journal, metrics, self.housekeeping.wake.set, self.stopping,
+                              LiveSettings(enabled=settings.live_watch))
         self.rules = Rules(self.journal, self.resolver, self.reconciler, self.report,
                            RuleSettings(settings.resolve_timeout, settings.retry_cap), self.housekeeping.claim_retry)
         self._threads: list[threading.Thread] = []
@@ -147,6 +153,7 @@ class Service:
         for shard in range(self.settings.workers):
             self._spawn(f"worker-{shard}", lambda s=shard: self._worker(s))
         self._spawn("housekeeping", self.housekeeping.run)
+        self._spawn("live-watch", self.live_watch.run)
         if self.unchained.enabled:
             self._spawn("unchained", lambda: self.unchained.run(self.stopping))
         self.started = True
@@ -227,7 +234,7 @@ class Service:
             self._gauges()
 
     def _attached_pods(self) -> set[str]:
-        """Pod UIDs with an attachment in the journal (publisher/unchained.py asks only for suspects)."""
+        """Pod UIDs with an attachment in the journal (publisher/repair/unchained.py asks only for suspects)."""
         return {a.pod_uid for a in self.journal.all_attachments()}
 
     def _handle(self, pending: Pending) -> None:
@@ -308,10 +315,12 @@ class Service:
         down = node_seconds() - api.failing_since if api.failing_since else 0.0
         if down > limits.API_DOWN_NOT_READY:  # the reason's class only: the error itself is in the log
             reasons.append(f"api: failing for {down:.0f}s: {api.last_reason}")
+        if not reasons and self.live_watch.disabled:  # degraded, not unready: entries keep what the ADD said
+            return True, f"ok (live interface watch off: {self.live_watch.disabled})"
         return (not reasons), "; ".join(reasons)
 
     def live(self) -> tuple[bool, str]:
-        """Liveness (/healthz): False only when a restart is the cure (see publisher/health.py)."""
+        """Liveness (/healthz): False only when a restart is the cure (see publisher/observe/health.py)."""
         if not self.started or self.stopping.is_set():
             return True, ""
         return self.health.liveness()
@@ -326,9 +335,10 @@ class Service:
 
     def _counters(self) -> dict[str, Any]:
         depth, spooled, dirty = self.journal.depth(), self.spool_files(), self.journal.dirty_count()
+        live = self.live_watch.busy()
         return {"node": self.settings.node_name, "journal_depth": depth, "spool_files": spooled,
-                "spool_stuck_files": len(self.intake.stuck), "dirty_claims": dirty,
-                "quiescent": depth == 0 and spooled == 0 and dirty == 0,
+                "spool_stuck_files": len(self.intake.stuck), "dirty_claims": dirty, "interface_changes_pending": live,
+                "quiescent": depth == 0 and spooled == 0 and dirty == 0 and live == 0,
                 "last_resync": self.housekeeping.last_resync or None,
                 "resync_failures": self.housekeeping.resync_failures}
 
@@ -370,6 +380,7 @@ class Service:
             "credentials": {"unauthorized_total": api.unauthorized_total, "unauthorized_consecutive": api.unauthorized,
                             "reloads": api.reloads, "last_reload": api.last_reload or None},
             "spool_overflow": dict(self.intake.overflow),
+            "live_watch": self.live_watch.state(),
             "threads_down": dict(self.down),
             "housekeeping_steps": {k: {"failures": v.failures, "error": v.error}
                                    for k, v in self.housekeeping.steps.items() if v.failures},

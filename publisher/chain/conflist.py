@@ -1,0 +1,461 @@
+"""Add, update or remove the netclaim entry of a CNI conflist (stdlib only).
+
+Used by scripts/operator/conflist_edit.py (scripts/install.sh, systemd installs) and by
+the chain keeper of the DaemonSet (publisher/chain/keeper.py), so both edit a
+node's network config the same way.
+
+Why it is careful:
+- The container runtime watches /etc/cni/net.d and may read the file at any
+  moment, so every write goes to a temp file in the same directory, is fsynced
+  and renamed over the original (a reader sees the old or the new file, never
+  half of one). A file whose content would not change is not rewritten, so a
+  re-install does not make the runtime reload its networks.
+- Installing into a file without a netclaim entry keeps its bytes in
+  FILE.netclaim.bak, so an uninstall can give back exactly what was there,
+  also after the primary CNI rewrote the file (Calico's install-cni does on
+  every restart).
+- A conflist that is not valid JSON, or not a conflist, is refused untouched:
+  guessing at a broken network config on a node is how nodes lose networking
+  (and a file read while a careless writer is halfway through looks like that).
+- Compare before replace: the file is re-read just before the rename and the
+  edit is abandoned (`Changed`) when anyone wrote it since it was read, so a
+  change the primary CNI makes meanwhile (an MTU, say) is never reverted.
+- Where netclaim goes (the rule): netclaim reports what the plugins before it
+  produced, so it must come after the primary plugin (plugins[0], the one that
+  creates the interface and addresses). An entry already there stays where it
+  is when `keep_position` is asked (the chain keeper): a chainer that appends
+  itself after netclaim (istio-cni, linkerd-cni) changes nothing netclaim
+  reports, and moving netclaim back last would start a rewrite loop with it. A
+  missing entry is inserted last. The one-shot installer still moves it last.
+- A single-plugin .conf (or .json) primary is converted the way libcni reads
+  it (ConfListFromConf: name and cniVersion lifted, the whole plugin becomes
+  plugins[0]) into NAME.conflist, which sorts where NAME.conf did (the runtime
+  uses the first network file by name); NAME.conf's bytes are kept in
+  NAME.conf.netclaim.bak and uninstall puts them back byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+PLUGIN_TYPE = "netclaim"
+BACKUP_SUFFIX = ".netclaim.bak"
+NETWORK_EXTENSIONS = (".conf", ".conflist", ".json")
+
+
+class Refused(Exception):
+    """The conflist cannot be edited safely; nothing was changed."""
+
+
+class Changed(Exception):
+    """Someone wrote the file while it was being edited; the edit was abandoned, retry later."""
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a file was when it was read: an edit replaces it only if it still is."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    data: bytes
+
+    @classmethod
+    def read(cls, path: Path) -> "Stamp":
+        with path.open("rb") as fh:
+            st = os.fstat(fh.fileno())
+            data = fh.read()
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns, data)
+
+    def still(self, path: Path) -> bool:
+        """True when `path` is the same file with the same bytes (a same-size rewrite within
+        one mtime tick is caught by the bytes)."""
+        try:
+            now = Stamp.read(path)
+        except FileNotFoundError:
+            return False
+        return now == self
+
+
+Hook = Callable[[str, Path], None]
+
+
+def no_hook(_point: str, _path: Path) -> None:
+    return None
+
+
+def parse(path: Path, raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise Refused(f"{path}: not valid JSON ({exc}); left untouched") from None
+    if not isinstance(doc, dict):
+        raise Refused(f"{path}: a conflist must be a JSON object; left untouched")
+    return doc
+
+
+def is_conflist(doc: dict[str, Any]) -> bool:
+    plugins = doc.get("plugins")
+    return isinstance(plugins, list) and bool(plugins) and all(isinstance(p, dict) for p in plugins)
+
+
+def is_single_conf(path: Path, doc: dict[str, Any]) -> bool:
+    """A single-plugin network config (.conf/.json with a "type"), which libcni wraps into a conflist."""
+    return path.suffix in (".conf", ".json") and "plugins" not in doc and isinstance(doc.get("type"), str) \
+        and bool(doc["type"])
+
+
+def conf_to_conflist(doc: dict[str, Any]) -> dict[str, Any]:
+    """libcni's ConfListFromConf: name and cniVersion lifted, the whole conf is plugins[0]."""
+    out: dict[str, Any] = {}
+    for key in ("cniVersion", "name"):
+        if key in doc:
+            out[key] = doc[key]
+    out["plugins"] = [doc]
+    return out
+
+
+def load_stamped(path: Path) -> tuple[Stamp, dict[str, Any]]:
+    """Read and parse a conflist, with the stamp an edit compares against before replacing it."""
+    try:
+        stamp = Stamp.read(path)
+    except FileNotFoundError:
+        raise Refused(f"{path}: no such conflist") from None
+    doc = parse(path, stamp.data)
+    if not is_conflist(doc):
+        raise Refused(
+            f"{path}: not a conflist (needs a non-empty \"plugins\" list of objects, or a single-plugin "
+            ".conf with a \"type\"); left untouched"
+        )
+    return stamp, doc
+
+
+def load_conflist(path: Path) -> tuple[bytes, dict[str, Any]]:
+    """Read and parse a conflist; refuse anything that is not one."""
+    stamp, doc = load_stamped(path)
+    return stamp.data, doc
+
+
+def is_netclaim(plugin: dict[str, Any]) -> bool:
+    return plugin.get("type") == PLUGIN_TYPE
+
+
+def in_place(plugins: list[dict[str, Any]]) -> bool:
+    """The rule: exactly one netclaim entry, after the primary plugin (plugins[0])."""
+    at = [i for i, p in enumerate(plugins) if is_netclaim(p)]
+    return len(at) == 1 and at[0] >= 1
+
+
+def with_entry(doc: dict[str, Any], entry: dict[str, Any], keep_position: bool = False) -> dict[str, Any]:
+    """The conflist with exactly one netclaim entry: where it is (if `keep_position` and it is in
+    place), else last in the chain.
+
+    Keys of an existing entry that this install does not set (say an
+    `interface` block the operator added by hand) are kept; keys it sets win.
+    """
+    plugins = doc["plugins"]
+    merged: dict[str, Any] = {}
+    for old in (p for p in plugins if is_netclaim(p)):
+        merged.update(old)
+    merged.update(entry)
+    merged["type"] = PLUGIN_TYPE
+    out = dict(doc)
+    if keep_position and in_place(plugins):
+        out["plugins"] = [merged if is_netclaim(p) else p for p in plugins]
+    else:
+        out["plugins"] = [p for p in plugins if not is_netclaim(p)] + [merged]
+    return out
+
+
+def without_entry(doc: dict[str, Any]) -> dict[str, Any]:
+    out = dict(doc)
+    out["plugins"] = [p for p in doc["plugins"] if not is_netclaim(p)]
+    return out
+
+
+def render(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def write_atomic(path: Path, data: bytes, mode: int, expect: Stamp | None = None, hook: Hook = no_hook) -> None:
+    """Temp file in the same directory, fsync, rename, fsync the directory.
+
+    With `expect`, the file is re-read just before the rename and the write is
+    abandoned (`Changed`) unless it is still what was read: the other writer's
+    version wins and the caller decides again from it on its next look.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        hook("before-replace", path)
+        if expect is not None and not expect.still(path):
+            raise Changed(f"{path}: changed while being edited; not replaced")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def file_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o7777
+
+
+def backup_of(path: Path) -> Path:
+    return path.with_name(path.name + BACKUP_SUFFIX)
+
+
+def converted_name(path: Path) -> Path:
+    """Where a single-plugin NAME.conf (or NAME.json) lives once converted: NAME.conflist."""
+    return path.with_suffix(".conflist")
+
+
+def keeps_position(path: Path, new: Path) -> bool:
+    """True when `new` would sort among the network files exactly where `path` does."""
+    others = [p.name for p in network_files(path.parent) if p.name not in (path.name, new.name)]
+    return [n < path.name for n in others] == [n < new.name for n in others]
+
+
+def install(path: Path, entry: dict[str, Any], keep_position: bool = False, hook: Hook = no_hook) -> str:
+    """Chain netclaim into `path`: 'unchanged', 'updated' or 'converted' (a .conf became NAME.conflist).
+
+    Raises Refused (nothing changed, the file cannot be edited safely) or
+    Changed (someone wrote the file meanwhile; nothing of theirs was replaced).
+    """
+    if not path.exists() and backup_of(path).exists() and converted_name(path).exists():
+        path = converted_name(path)  # a .conf converted before: its conflist is what to update
+    try:
+        stamp = Stamp.read(path)
+    except FileNotFoundError:
+        raise Refused(f"{path}: no such conflist") from None
+    doc = parse(path, stamp.data)
+    if not is_conflist(doc) and is_single_conf(path, doc):
+        return convert(path, stamp, doc, entry, hook)
+    stamp, doc = load_stamped(path)
+    backup = backup_of(path)
+    mode = file_mode(path)
+    new = render(with_entry(doc, entry, keep_position))
+    chained = any(is_netclaim(p) for p in doc["plugins"])
+    if not chained:
+        # No netclaim entry: these bytes are what the operator (or the primary
+        # CNI, which may have just rewritten the file) wants back on uninstall.
+        write_if_different(backup, stamp.data, mode)
+    elif not backup.exists() and converted_source(path) is None:
+        # Chained already but no backup (a file moved back into place): the
+        # best original there is, the file without the entry. Never a backup
+        # that still chains netclaim.
+        write_atomic(backup, render(without_entry(doc)), mode)
+    if new == stamp.data:
+        return "unchanged"
+    write_atomic(path, new, mode, expect=stamp, hook=hook)
+    return "updated"
+
+
+def convert(path: Path, stamp: Stamp, doc: dict[str, Any], entry: dict[str, Any], hook: Hook) -> str:
+    """NAME.conf -> NAME.conflist with netclaim, NAME.conf's bytes kept in its backup.
+
+    Order matters to a runtime reading the directory meanwhile: the backup
+    first (not a network file), then NAME.conflist (NAME.conf still sorts
+    first, so the runtime still uses it), then NAME.conf goes, only if it is
+    still what was read (a newer one stays and is converted on the next look).
+    """
+    target = converted_name(path)
+    backup = backup_of(path)
+    if target.exists() and not backup.exists():
+        raise Refused(f"{path}: a single-plugin conf, and {target.name} (not written by netclaim) exists; "
+                      "left untouched")
+    if not keeps_position(path, target):
+        raise Refused(f"{path}: a single-plugin conf; {target.name} would not sort where it does, so the "
+                      "runtime would pick another network; left untouched")
+    mode = file_mode(path)
+    new = render(with_entry(conf_to_conflist(doc), entry))
+    write_if_different(backup, stamp.data, mode)
+    write_if_different(target, new, mode)
+    hook("before-replace", path)
+    if not stamp.still(path):
+        raise Changed(f"{path}: changed while being converted; left for the next look")
+    path.unlink()
+    fsync_dir(path.parent)
+    return "converted"
+
+
+def write_if_different(path: Path, data: bytes, mode: int) -> None:
+    """Every write is a directory event some primary CNI re-renders on: none that changes nothing."""
+    try:
+        if path.read_bytes() == data:
+            return
+    except FileNotFoundError:
+        pass
+    write_atomic(path, data, mode)
+
+
+def fsync_dir(directory: Path) -> None:
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def converted_source(path: Path) -> Path | None:
+    """For NAME.conflist: the NAME.conf (or .json) it was converted from, when netclaim converted it."""
+    if path.suffix != ".conflist":
+        return None
+    for ext in (".conf", ".json"):
+        source = path.with_suffix(ext)
+        if backup_of(source).exists():
+            return source
+    return None
+
+
+def conf_as_conflist(path: Path) -> dict[str, Any] | None:
+    try:
+        return conf_to_conflist(parse(path, path.read_bytes()))
+    except (OSError, Refused):
+        return None
+
+
+def uninstall_converted(source: Path) -> str:
+    """Undo a conversion: NAME.conf back with its original bytes, NAME.conflist gone.
+
+    Only when NAME.conflist without netclaim is still exactly the conversion
+    of the kept original; otherwise someone changed it since, and only the
+    netclaim entry is taken out of it.
+    """
+    target = converted_name(source)
+    backup = backup_of(source)
+    original = backup.read_bytes()
+    backup_of(target).unlink(missing_ok=True)  # never wanted: the original is the .conf's
+    try:
+        _raw, doc = load_conflist(target)
+    except Refused:
+        doc = None
+    try:
+        as_conflist = conf_to_conflist(json.loads(original))
+    except (UnicodeDecodeError, ValueError, TypeError):
+        as_conflist = None
+    if source.exists():
+        # The primary CNI wrote NAME.conf again (it is the network in use): our copy goes,
+        # unless someone changed more in it than the netclaim entry.
+        if doc is not None and without_entry(doc) in (as_conflist, conf_as_conflist(source)):
+            target.unlink(missing_ok=True)
+        elif doc is not None:
+            write_atomic(target, render(without_entry(doc)), file_mode(target))
+        backup.unlink()
+        return "restored"
+    if doc is None:
+        backup.unlink()
+        return "absent"
+    if without_entry(doc) == as_conflist:
+        write_atomic(source, original, file_mode(target))
+        target.unlink()
+        fsync_dir(source.parent)
+        outcome = "restored"
+    else:
+        write_atomic(target, render(without_entry(doc)), file_mode(target))
+        outcome = "removed"
+    backup.unlink()
+    return outcome
+
+
+def uninstall(path: Path) -> str:
+    backup = backup_of(path)
+    source = converted_source(path) if not backup.exists() else None
+    if source is not None:
+        return uninstall_converted(source)
+    if path.suffix in (".conf", ".json") and backup.exists() and converted_name(path).exists() \
+            and has_entry(converted_name(path)):
+        return uninstall_converted(path)
+    if not path.exists():
+        backup.unlink(missing_ok=True)
+        return "absent"
+    if conf_as_conflist(path) is not None and is_single_conf(path, parse(path, path.read_bytes())):
+        backup.unlink(missing_ok=True)
+        return "unchanged"  # a single-plugin conf netclaim never chained (it converts them)
+    raw, doc = load_conflist(path)
+    stripped = without_entry(doc)
+    restored = None
+    if backup.exists():
+        try:
+            original = backup.read_bytes()
+            if json.loads(original) == stripped:
+                # Nothing else changed since the install: give back the exact bytes.
+                restored = original
+        except (OSError, UnicodeDecodeError, ValueError):
+            restored = None
+    if restored is not None:
+        if restored != raw:
+            write_atomic(path, restored, file_mode(path))
+        outcome = "restored"
+    elif stripped != doc:
+        write_atomic(path, render(stripped), file_mode(path))
+        outcome = "removed"
+    else:
+        outcome = "unchanged"  # no netclaim entry: leave the operator's bytes alone
+    backup.unlink(missing_ok=True)
+    return outcome
+
+
+def build_entry(pairs: list[str]) -> dict[str, Any]:
+    """The plugin's config from KEY=VALUE pairs; empty values are left out."""
+    entry: dict[str, Any] = {"type": PLUGIN_TYPE}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise Refused(f"--set {pair!r} is not KEY=VALUE")
+        if value:
+            entry[key] = value
+    if not entry.get("driverName"):
+        raise Refused("the entry needs driverName")
+    return entry
+
+
+def network_files(conf_dir: Path) -> list[Path]:
+    """The network config files a runtime loads, in the order it loads them.
+
+    libcni (containerd, CRI-O) takes *.conf, *.conflist and *.json, sorted by
+    name, and uses the first: that is the primary network netclaim chains into.
+    """
+    try:
+        names = sorted(os.listdir(conf_dir))
+    except FileNotFoundError:
+        return []
+    return [conf_dir / n for n in names
+            if not n.startswith(".") and n.endswith(NETWORK_EXTENSIONS) and (conf_dir / n).is_file()]
+
+
+MULTUS_TYPES = ("multus", "multus-shim")
+
+
+def is_multus(path: Path) -> bool:
+    """Multus' own network file: it delegates to the next network file, which is where netclaim goes
+    (Multus re-renders its file from that one; chaining into or converting Multus' file would fight it)."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(doc, dict):
+        return False
+    first = doc["plugins"][0] if is_conflist(doc) else doc
+    return first.get("type") in MULTUS_TYPES
+
+
+def has_entry(path: Path) -> bool:
+    """True when the file is a conflist with a netclaim entry (unreadable files: False)."""
+    try:
+        _raw, doc = load_conflist(path)
+    except Refused:
+        return False
+    return any(is_netclaim(p) for p in doc["plugins"])

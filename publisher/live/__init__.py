@@ -1,0 +1,1 @@
+"""The live-interface watch: the entry follows what the sandbox's netns shows after ADD (links, carrier, addresses)."""

@@ -1,0 +1,136 @@
+"""Two rtnetlink sockets in one sandbox's netns: one told of changes, one that reads.
+
+A socket keeps its netns alive: while the publisher holds these, the
+namespace and every interface in it (a VF that should return to the host)
+outlive the sandbox. So the netns is named by its path *and* the identity of
+the nsfs inode the path showed when the sockets were opened; `vanished()` is
+true as soon as the path is gone or shows another namespace (the runtime
+unmounted and removed it, whether or not a DEL came), and the watcher then
+closes both sockets at once, which frees the namespace.
+
+The project's own rtnetlink client (cni_plugin/netlink.py) does the reading:
+pyroute2 would add ~22 MiB to the publisher's resident memory on import,
+more than the watch may cost in all.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+from cni_plugin.netlink import IFF_UP, RtNetlink, format_cidr
+from cni_plugin.netns import CLONE_NEWNET, setns
+
+from publisher import limits
+from publisher.live.status import Observed
+
+AF_NETLINK = 16
+RTMGRP_LINK = 0x1
+RTMGRP_IPV4_IFADDR = 0x10
+RTMGRP_IPV6_IFADDR = 0x100
+IFF_LOWER_UP = 0x10000
+RCVBUF = 1 << 18
+
+
+class NotANetns(OSError):
+    """The path exists but is no network namespace (setns refused it)."""
+
+
+def identity(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) the path shows now, None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class Sandbox:
+    """The sockets of one netns; created and used by the watcher's thread only."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.ident: tuple[int, int] | None = None
+        self.events: socket.socket | None = None
+        self.reader: RtNetlink | None = None
+        self._open()
+
+    def _open(self) -> None:
+        """Enter the netns in this thread only (/proc/thread-self), open, come back."""
+        target = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        origin = -1
+        try:
+            st = os.fstat(target)
+            self.ident = (st.st_dev, st.st_ino)
+            origin = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                setns(target, CLONE_NEWNET)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:
+                    raise NotANetns(exc.errno, f"{self.path} is not a network namespace") from None
+                raise
+            try:
+                self.events = socket.socket(AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC, 0)
+                self.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+                self.events.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+                self.reader = RtNetlink()
+            finally:
+                setns(origin, CLONE_NEWNET)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            os.close(target)
+            if origin >= 0:
+                os.close(origin)
+
+    def fileno(self) -> int:
+        assert self.events is not None
+        return self.events.fileno()
+
+    def vanished(self) -> bool:
+        return identity(self.path) != self.ident
+
+    def drain(self) -> int:
+        """Read every queued notification; their content does not matter (the next read
+        takes the whole state). An overflow (ENOBUFS) is a change too."""
+        n = 0
+        assert self.events is not None
+        while True:
+            try:
+                if not self.events.recv(65536):
+                    return n
+            except BlockingIOError:
+                return n
+            except OSError as exc:
+                if exc.errno != errno.ENOBUFS:
+                    raise
+            n += 1
+
+    def observe(self, ifname: str) -> Observed:
+        """The interface `ifname` now: flags, MAC, global addresses in canonical form."""
+        assert self.reader is not None
+        link = self.reader.get_link(ifname)
+        if link is None:
+            return Observed(ifname=ifname, present=False)
+        ips: list[str] = []
+        for family, raw, prefixlen in self.reader.addresses(link.index):
+            if family == socket.AF_INET6 and raw[0] == 0xFE and raw[1] & 0xC0 == 0x80:
+                continue  # link-local: every IPv6 interface has one; no CNI result names it
+            try:
+                cidr = limits.canonical_cidr(format_cidr(family, raw, prefixlen))
+            except ValueError:
+                continue
+            if cidr not in ips:
+                ips.append(cidr)
+        return Observed(ifname=link.name, present=True, up=bool(link.flags & IFF_UP),
+                        carrier=bool(link.flags & IFF_LOWER_UP), mac=link.mac.lower(), ips=ips)
+
+    def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
+            self.events = None
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None

@@ -1,0 +1,309 @@
+"""Pods that started while netclaim was not in the chain: found, reported, counted.
+
+The runtime runs netclaim only while it is chained into the node's primary
+conflist. A pod whose sandbox was created while it was not (netclaim not
+installed yet, a primary CNI that rewrote its conflist, a contest the keeper
+backs off from) never sends an ADD, so its claim never gets a network status,
+and nothing else says why. This module tells the operator: a pod that
+
+- runs on this node (phase Running) and is not hostNetwork (those have no CNI ADD),
+- declares a claim (spec.resourceClaims or a DRA extended-resource claim),
+- sent no ADD that this publisher handled, and has no attachment in the journal,
+- and, read last, has a claim allocated to one of netclaim's drivers, reserved for
+  it, with no entry of those drivers in its status,
+
+gets one Warning Event (reason NetclaimNotChained) and counts in
+netclaim_pods_unchained (now) and netclaim_pods_unchained_reported_total (ever).
+
+When: a grace period (`grace`, default 30 s) after the pod is first seen
+Running (or after the publisher started, for pods that ran before it). A pod
+the API still shows Running with containers started before this boot is not
+judged at all until the kubelet has run it again in this boot (the boot rule
+retired its attachments, and its new sandbox's ADD may take minutes): the
+ADD precedes Running (the sandbox's network comes before its containers), and
+an ADD spooled while the publisher was down is ingested within seconds. While
+the journal holds a pending event received before the pod's grace ended, the
+pod waits: its ADD may be that event.
+
+Cost, and why it is bounded: the pod watch already delivers every pod of the
+node; a pod without claims, a hostNetwork pod and a pod whose ADD was seen is
+decided from the watch alone, with no request. Only a claimed pod without an
+ADD costs one GET per claim, once per pod (claims found not to be netclaim's
+are remembered, so pods sharing a claim cost it once). While netclaim is
+chained that is no pod at all. Memory is bounded: MAX_TRACKED pods, the last
+MAX_ADDS pods with an ADD, MAX_CLAIMS claims remembered, and at most
+EVENTS_PER_MINUTE Events a minute (beyond that, the pod is counted and logged).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from datetime import datetime
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from publisher import logs
+from publisher.clock import boot_began_wall, node_seconds
+from publisher.observe.events import claim_ref, pod_ref
+from publisher.kube.calls import ApiError, Kube, NotFound
+from publisher.reconcile.resolver import pod_claim_names
+
+REASON = "NetclaimNotChained"
+DEFAULT_GRACE = 30.0
+MAX_TRACKED = 4096
+MAX_ADDS = 8192
+MAX_CLAIMS = 1024
+EVENTS_PER_MINUTE = 30
+SWEEP_EVERY = 2.0
+
+
+@dataclass
+class Candidate:
+    """A claimed pod seen Running, waiting for its grace period to end."""
+
+    namespace: str
+    name: str
+    uid: str
+    claims: tuple[str, ...]
+    due: float
+    flagged: bool = False
+    attempts: int = 0
+
+
+@dataclass
+class _Bucket:
+    """At most `rate` Events a minute: a wave of unchained pods must not flood the API server."""
+
+    rate: int
+    tokens: float = 0.0
+    at: float = field(default_factory=node_seconds)
+
+    def take(self) -> bool:
+        now = node_seconds()
+        self.tokens = min(float(self.rate), self.tokens + (now - self.at) * self.rate / 60.0)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+def declares_claims(pod: dict[str, Any]) -> bool:
+    """The pod can hold a claim at all (spec.resourceClaims is immutable; see resolver.PodInfo)."""
+    return bool((pod.get("spec") or {}).get("resourceClaims")
+                or ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))
+
+
+def claim_is_ours(claim: dict[str, Any], drivers: frozenset[str], pod_uid: str) -> tuple[bool, bool, bool]:
+    """(allocated with a result of one of `drivers`, and reserved for the pod, and has a status entry of them)."""
+    status = claim.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    ours = any(r.get("driver") in drivers for r in results)
+    reserved = any(r.get("uid") == pod_uid for r in status.get("reservedFor") or [])
+    published = any(d.get("driver") in drivers for d in status.get("devices") or [])
+    return ours, reserved, published
+
+
+def started_before_this_boot(pod: dict[str, Any], boot_wall: float | None = None) -> bool:
+    """Whether the pod's latest running container started before this boot: stale status."""
+    latest = None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+        try:
+            at = datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp() if started else None
+        except ValueError:
+            at = None
+        if at is not None and (latest is None or at > latest):
+            latest = at
+    if latest is None:
+        return False
+    return latest < (boot_began_wall() if boot_wall is None else boot_wall)
+
+
+class UnchainedPods:
+    """Fed by the pod watch (`observe`) and the workers (`saw_add`); `run()` judges the due pods."""
+
+    def __init__(self, kube: Kube, drivers: Iterable[str], warn: Callable[..., bool],
+                 attached_pods: Callable[[], set[str]], pending_since: Callable[[], float | None],
+                 metrics: Any = None, grace: float = DEFAULT_GRACE) -> None:
+        self.kube = kube
+        self.drivers = frozenset(d for d in drivers if d)
+        self.warn = warn  # EventRecorder.warn
+        self.attached_pods = attached_pods  # pod UIDs with an attachment in the journal
+        self.pending_since = pending_since  # node time the oldest pending journal event was received, or None
+        self.metrics = metrics
+        self.grace = grace
+        self.started = node_seconds()
+        self.log = logs.get()
+        self._lock = threading.Lock()
+        self._tracked: OrderedDict[str, Candidate] = OrderedDict()  # by pod UID, in due order
+        self._adds: OrderedDict[str, None] = OrderedDict()  # pod UIDs (and ns/name) with an ADD handled
+        self._judged: OrderedDict[str, None] = OrderedDict()  # pod UIDs already decided (never again)
+        self._not_ours: OrderedDict[tuple[str, str], None] = OrderedDict()  # (ns, name) of others' claims
+        self._bucket = _Bucket(EVENTS_PER_MINUTE, float(EVENTS_PER_MINUTE))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.drivers)
+
+    # ------------------------------------------------------------ inputs
+
+    def observe(self, pod: dict[str, Any] | None, namespace: str, name: str, uid: str = "") -> None:
+        """One pod from the watch (None: deleted). O(1), no request: most pods return at the first test."""
+        if not self.enabled:
+            return
+        if pod is None or not declares_claims(pod) or (pod.get("spec") or {}).get("hostNetwork") \
+                or (pod.get("status") or {}).get("phase") != "Running":
+            uid = uid or ((pod or {}).get("metadata") or {}).get("uid", "")
+            if uid:
+                self._forget(uid)
+            return
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        if started_before_this_boot(pod):
+            return  # its sandbox died with the last boot: judged once the kubelet runs it again
+        with self._lock:
+            if not uid or uid in self._tracked or uid in self._judged:
+                return
+            if len(self._tracked) >= MAX_TRACKED:
+                self._tracked.popitem(last=False)
+            due = max(node_seconds(), self.started) + self.grace
+            self._tracked[uid] = Candidate(namespace, name, uid, tuple(pod_claim_names(pod)), due)
+
+    def saw_add(self, pod_uid: str, namespace: str, name: str) -> None:
+        """A worker handles an ADD: that pod is chained, whatever its claims resolve to."""
+        with self._lock:
+            for key in filter(None, (pod_uid, f"{namespace}/{name}" if name else "")):
+                self._adds.pop(key, None)
+                self._adds[key] = None
+            while len(self._adds) > MAX_ADDS:
+                self._adds.popitem(last=False)
+
+    def _forget(self, uid: str) -> None:
+        with self._lock:
+            cand = self._tracked.pop(uid, None)
+        if cand is not None and cand.flagged:
+            self._gauge()
+
+    # ------------------------------------------------------------ judging
+
+    def run(self, stopping: threading.Event) -> None:
+        """Sweep until stopped; a failed sweep (journal busy, say) is logged and tried again.
+
+        A report must never take the publisher's readiness with it, so nothing escapes.
+        """
+        while not stopping.wait(min(SWEEP_EVERY, self.grace / 2)):
+            try:
+                self.sweep()
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                self.log.warning("unchained check failed, will retry", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+    def sweep(self) -> int:
+        """Judge every pod whose grace period is over; the number of pods reported."""
+        now = node_seconds()
+        with self._lock:
+            due = [c for c in self._tracked.values() if not c.flagged and c.due <= now]
+        if not due:
+            return 0
+        pending = self.pending_since()
+        attached: set[str] | None = None
+        reported = 0
+        for cand in sorted(due, key=lambda c: c.due):
+            if pending is not None and pending <= cand.due:
+                continue  # its ADD may still be in the journal's backlog: judge once that is handled
+            if self._added(cand):
+                self._done(cand.uid)
+                continue
+            if attached is None:
+                attached = self.attached_pods()
+            if cand.uid in attached:
+                self._done(cand.uid)
+                continue
+            reported += self._judge(cand)
+        return reported
+
+    def _added(self, cand: Candidate) -> bool:
+        with self._lock:
+            return cand.uid in self._adds or f"{cand.namespace}/{cand.name}" in self._adds
+
+    def _done(self, uid: str, flagged: bool = False) -> None:
+        with self._lock:
+            self._judged[uid] = None
+            while len(self._judged) > MAX_TRACKED * 2:
+                self._judged.popitem(last=False)
+            if flagged:
+                cand = self._tracked.get(uid)
+                if cand is not None:
+                    cand.flagged = True
+            else:
+                self._tracked.pop(uid, None)
+
+    def _judge(self, cand: Candidate) -> int:
+        """Read the pod's claims (only now); report when one is netclaim's and unpublished."""
+        for claim_name in cand.claims:
+            try:
+                verdict = self._claim(cand, claim_name)
+            except ApiError as exc:
+                cand.attempts += 1
+                cand.due = node_seconds() + min(60.0, 2.0 ** cand.attempts)
+                self.log.info("unchained check postponed", extra={"pod": f"{cand.namespace}/{cand.name}",
+                                                                  "claim": claim_name, "error": str(exc)[:200]})
+                return 0
+            if verdict:
+                self._report(cand, claim_name, verdict)
+                return 1
+        self._done(cand.uid)
+        return 0
+
+    def _claim(self, cand: Candidate, claim_name: str) -> dict[str, Any] | None:
+        """The claim when it is netclaim's, reserved for the pod and unpublished; else None.
+
+        A claim allocated without a result of netclaim's drivers is remembered by name: a
+        Running pod's claim stays allocated as it is, so the other pods sharing it cost no GET.
+        """
+        key = (cand.namespace, claim_name)
+        with self._lock:
+            if key in self._not_ours:
+                return None
+        try:
+            claim = self.kube.get_claim(cand.namespace, claim_name)
+        except NotFound:
+            return None
+        ours, reserved, published = claim_is_ours(claim, self.drivers, cand.uid)
+        if ours and reserved and not published:
+            return claim
+        if not ours and (claim.get("status") or {}).get("allocation"):
+            with self._lock:
+                self._not_ours[key] = None
+                while len(self._not_ours) > MAX_CLAIMS:
+                    self._not_ours.popitem(last=False)
+        return None
+
+    def _report(self, cand: Candidate, claim_name: str, claim: dict[str, Any]) -> None:
+        self._done(cand.uid, flagged=True)
+        if self.metrics is not None:
+            self.metrics.pods_unchained_reported.inc()
+        self._gauge()
+        fields = {"pod": f"{cand.namespace}/{cand.name}", "pod_uid": cand.uid,
+                  "claim": f"{cand.namespace}/{claim_name}"}
+        self.log.warning("pod started while netclaim was not chained", extra=fields)
+        if not self._bucket.take():
+            self.log.warning("NetclaimNotChained Event not posted: rate limit", extra=fields)
+            return
+        drivers = sorted({r.get("driver") for r in ((claim.get("status") or {}).get("allocation") or {})
+                          .get("devices", {}).get("results", []) if r.get("driver") in self.drivers})
+        note = (f"Pod runs with claim {claim_name} allocated to {', '.join(drivers)}, but netclaim saw no CNI ADD "
+                f"for it: its sandbox was created while netclaim was not in this node's CNI chain, so the claim "
+                f"gets no network status. Check the chain keeper (its /readyz, ChainContested Events on the "
+                f"Node); the status appears once the pod is re-created while netclaim is chained.")
+        self.warn(pod_ref(cand.namespace, cand.name, cand.uid), REASON, note,
+                  related=claim_ref(cand.namespace, claim_name, (claim.get("metadata") or {}).get("uid", "")),
+                  fields=fields)
+
+    def flagged(self) -> int:
+        with self._lock:
+            return sum(1 for c in self._tracked.values() if c.flagged)
+
+    def _gauge(self) -> None:
+        if self.metrics is not None:
+            self.metrics.pods_unchained.set(self.flagged())
