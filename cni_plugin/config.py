@@ -36,6 +36,9 @@ DEFAULT_ACK_TIMEOUT_MS = 1000
 DEFAULT_SPOOL_MAX_FILES = 1024
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 FAILURE_POLICIES = ("Ignore", "Fail")
+# Left next to the executable by the chain keeper when it uninstalls netclaim but must keep the
+# executable for sandboxes whose runtime tears down with a cached config that runs it.
+RETIRED_MARKER = ".netclaim-retired"
 
 _NAME_FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 _NAME_REST = _NAME_FIRST | frozenset("_.-")

@@ -18,6 +18,7 @@ from . import posixos as os
 from .config import (
     LATEST_VERSION,
     MAX_STDIN_BYTES,
+    RETIRED_MARKER,
     SUPPORTED_VERSIONS,
     cni_version_of,
     decode_stdin,
@@ -37,9 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import Env, NetConf
 
 _MIN_VERSION = {"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}
-# Left next to the executable by the chain keeper when it uninstalls netclaim but must keep the
-# executable for sandboxes whose runtime tears down with a cached config that runs it.
-RETIRED_MARKER = ".netclaim-retired"
 
 
 def _retired() -> str:
@@ -47,7 +45,7 @@ def _retired() -> str:
     sandboxes, else ''.
 
     Then DEL and GC do nothing for netclaim and exit 0: nobody would ever read a
-    spooled event, and an uninstalled node must not grow files (publisher/chainkeeper.py
+    spooled event, and an uninstalled node must not grow files (publisher/chain/keeper.py
     remove_plugin). One readlink and one lstat; the marker sits beside the
     executable the runtime runs (a source-tree launcher's is the interpreter's
     directory, where no marker ever is).

@@ -114,7 +114,7 @@ def sandbox_interface(result: dict[str, Any], ifname: str) -> int | None:
     """Index of the pod-side entry for CNI_IFNAME (named so and has a sandbox), else None.
 
     THE rule for "the sandbox interface", shared by the plugin's CHECK and the
-    publisher's mapping (publisher/mapper.py): host-side entries (bridge, veth,
+    publisher's mapping (publisher/reconcile/mapper.py): host-side entries (bridge, veth,
     ifb) have no sandbox and never count.
     """
     for i, iface in enumerate(result.get("interfaces") or []):

@@ -40,7 +40,7 @@ import json
 import os
 import stat
 
-from .main import RETIRED_MARKER  # one definition (main is loaded whenever this is)
+from .config import RETIRED_MARKER
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover

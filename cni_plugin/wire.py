@@ -92,7 +92,7 @@ class NewerVersion(WireError):
     """An event of a wire version above WIRE_VERSION_MAX: a newer plugin's, not a malformed one.
 
     A newer publisher reads it, so it must survive: the socket refuses it (the
-    plugin spools it) and the spool keeps it (publisher/intake.py).
+    plugin spools it) and the spool keeps it (publisher/intake/spool.py).
     """
 
 
@@ -103,7 +103,7 @@ def on_unknown_fields(hook: Callable[[list[str]], None] | None) -> None:
     """Call `hook(names)` for every event that parsed with fields this code does not know.
 
     Names of `pod`'s fields are given as "pod.<name>". The publisher logs and
-    counts them (publisher/intake.py); None removes the hook.
+    counts them (publisher/intake/spool.py); None removes the hook.
     """
     _UNKNOWN_FIELDS_HOOK[:] = [hook] if hook is not None else []
 
@@ -144,7 +144,7 @@ def new_order() -> list:
     counts suspend), so it orders events of one boot even when the wall clock
     is stepped; the boot id tells whether two stamps share that clock. Stamps
     of different boots are never ordered by wall clock: the publisher's boot
-    rule makes every event of an earlier boot a no-op (publisher/order.py).
+    rule makes every event of an earlier boot a no-op (publisher/journal/order.py).
     """
     return [_boot_id(), time.clock_gettime_ns(time.CLOCK_BOOTTIME), time.time_ns()]
 
@@ -395,7 +395,7 @@ def event_request(event: Event) -> dict:
 # a reader never sees half an event, but nothing is fsynced (not the file, not
 # the directory): only an OS crash or power loss can lose or tear it, and that
 # crash destroyed the sandbox the event is about. The publisher drops the torn
-# files of earlier boots without alarm (publisher/intake.py).
+# files of earlier boots without alarm (publisher/intake/spool.py).
 
 DEFAULT_SPOOL_MAX_FILES = 1024
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
