@@ -61,10 +61,14 @@ platforms whose policy gives hostPath writes only to privileged containers
 (OpenShift without a custom SCC, some SELinux-enforcing RHEL nodes); the API
 refuses privileged together with allowPrivilegeEscalation=false, so that one
 is left out then. securityContext.seLinuxType sets the SELinux type (spc_t
-lets a container write the host's CNI and state directories).
+lets a container write the host's CNI and state directories). Called with
+(dict "Values" .Values "add" (list ...)), the capabilities in `add` are kept
+(the publisher's SYS_ADMIN for the live-interface watch).
 */}}
 {{- define "netclaim.securityContext" -}}
-{{- $sc := dict "runAsUser" 0 "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")) -}}
+{{- $caps := dict "drop" (list "ALL") -}}
+{{- with .add -}}{{- $_ := set $caps "add" . -}}{{- end -}}
+{{- $sc := dict "runAsUser" 0 "readOnlyRootFilesystem" true "capabilities" $caps -}}
 {{- if .Values.securityContext.privileged -}}
 {{- $_ := set $sc "privileged" true -}}
 {{- else -}}
