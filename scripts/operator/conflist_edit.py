@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Add, update or remove the netclaim entry of a CNI conflist (stdlib only).
 
-scripts/install.sh calls this; the editing itself is publisher/conflist.py,
+scripts/install.sh calls this; the editing itself is publisher/chain/conflist.py,
 shared with the DaemonSet's chain keeper (atomic writes, a backup of the
 original, refusal of what it cannot parse: see that module).
 
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from publisher.conflist import Refused, build_entry, has_entry, install, network_files, uninstall  # noqa: E402
+from publisher.chain.conflist import Refused, build_entry, has_entry, install, network_files, uninstall  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

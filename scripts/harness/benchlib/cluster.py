@@ -22,31 +22,21 @@ the claim seeing the Ready entry.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kubernetes import client, watch  # noqa: E402
-
 from runtime.controlplane import api_client  # noqa: E402
 from runtime.observe import ClaimWatcher, plugin_add_time  # noqa: E402
 from runtime.realcluster import RealCluster, pod_manifest, wait_until  # noqa: E402
 
-from .stats import percentile
-
-TARGET_RATIO = 1.05
-SLI = "kubelet_pod_start_duration_seconds"
-SLI_PROPER = "kubelet_pod_start_sli_duration_seconds"
-NAMESPACE = "bench"
-
+from . import cluster_burst, cluster_multi
+from .cluster_common import NAMESPACE, SLI_PROPER, TARGET_RATIO, Chains, ReadyWatch, progress, sli_sum, summary
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=12, help="measured rounds (one pod per chain each)")
@@ -65,86 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "written to cluster-burst.json)")
     parser.add_argument("--burst-rounds", type=int, default=2,
                         help="with --burst: measured bursts per chain (after one warm-up burst)")
-
-
-def _progress(text: str) -> None:
-    print(f"[bench cluster] {text}", file=sys.stderr, flush=True)
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 1), "p90": round(percentile(values, 0.9), 1),
-            "min": round(min(values), 1), "max": round(max(values), 1), "n": len(values)}
-
-
-def sli_sum(metrics: str, name: str = SLI) -> tuple[float, float]:
-    """(sum, count) of one of the kubelet's pod start histograms."""
-    total = count = 0.0
-    for line in metrics.splitlines():
-        m = re.match(rf"^{name}_(sum|count)(?:{{[^}}]*}})? ([0-9.eE+-]+)$", line)
-        if m:
-            if m.group(1) == "sum":
-                total += float(m.group(2))
-            else:
-                count += float(m.group(2))
-    return total, count
-
-
-class ReadyWatch:
-    """Wall time at which a watch first sees each pod of the namespace Ready."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(api)
-        self.seen: dict[str, float] = {}
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._watch = watch.Watch()
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                for event in self._watch.stream(self.core.list_namespaced_pod, NAMESPACE, timeout_seconds=60):
-                    pod = event["object"]
-                    conds = pod.status.conditions or [] if pod.status else []
-                    if any(c.type == "Ready" and c.status == "True" for c in conds):
-                        with self._cond:
-                            self.seen.setdefault(pod.metadata.name, time.time())
-                            self._cond.notify_all()
-            except Exception:  # noqa: BLE001 - re-watch; waits time out if it never recovers
-                time.sleep(0.2)
-
-    def wait(self, name: str, timeout: float = 120) -> float:
-        with self._cond:
-            if not self._cond.wait_for(lambda: name in self.seen, timeout):
-                raise TimeoutError(f"pod {name} not Ready within {timeout}s")
-            return self.seen[name]
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._watch.stop()
-
-
-class Chains:
-    """The node's conflist, switched between the two variants; waits until containerd loaded the new one."""
-
-    def __init__(self, cluster: RealCluster) -> None:
-        self.cluster = cluster
-        self.path = Path(cluster.values["NETCLAIM_CONFLIST"])
-        self.with_netclaim = self.path.read_text()
-        plain = json.loads(self.with_netclaim)
-        plain["plugins"] = [p for p in plain["plugins"] if p.get("type") != "netclaim"]
-        self.plain = json.dumps(plain, indent=2) + "\n"
-
-    def use(self, netclaim: bool) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(self.with_netclaim if netclaim else self.plain)
-        os.replace(tmp, self.path)
-        wait_until(lambda: ("netclaim" in self._loaded()) == netclaim, "containerd to load the conflist", 30, 0.05)
-
-    def _loaded(self) -> list[str]:
-        info = json.loads(self.cluster.crictl("info", "-o", "json"))
-        networks = (info.get("cniconfig") or {}).get("Networks") or []
-        return [p["Network"]["type"] for n in networks for p in (n.get("Config") or {}).get("Plugins") or []]
 
 
 class Rounds:
@@ -182,14 +92,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.nodes > 1:
         from .cluster_nodes import run_nodes
 
-        return run_nodes(args, NAMESPACE, ReadyWatch, _progress)
+        return run_nodes(args, NAMESPACE, ReadyWatch, progress)
     if args.multi_network:
-        from . import cluster_multi
         return cluster_multi.run(args)
     if args.burst > 0:
-        from . import cluster_burst
         return cluster_burst.run(args)
-    _progress(f"bringing up the real cluster in {args.dir}")
+    progress(f"bringing up the real cluster in {args.dir}")
     t0 = time.time()
     cluster = RealCluster.up(args.dir)
     up_s = time.time() - t0
@@ -209,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for variant in pair:
                 rounds.one(variant, measured)
             if measured:
-                _progress(f"round {i - args.warmup + 1}/{args.rounds}: plain {rounds.ms['plain'][-1]:.0f} ms, "
+                progress(f"round {i - args.warmup + 1}/{args.rounds}: plain {rounds.ms['plain'][-1]:.0f} ms, "
                           f"netclaim {rounds.ms['netclaim'][-1]:.0f} ms")
         rounds.chains.use(True)
         sli_count = sli_sum(cluster.kubelet_metrics(), SLI_PROPER)[1]
@@ -224,20 +132,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sli_ratio = statistics.median(sli_nc) / statistics.median(sli_plain)
     figures = {
         "cluster_up_s": round(up_s, 1),
-        "pod_create_to_ready_ms": {"plain": _summary(plain), "netclaim": _summary(nc)},
-        "kubelet_pod_start_duration_ms": {"plain": _summary(sli_plain), "netclaim": _summary(sli_nc)},
+        "pod_create_to_ready_ms": {"plain": summary(plain), "netclaim": summary(nc)},
+        "kubelet_pod_start_duration_ms": {"plain": summary(sli_plain), "netclaim": summary(sli_nc)},
         "kubelet_pod_start_sli_observations": sli_count,
         "ratio_create_to_ready_median": round(ratio, 3),
         "ratio_kubelet_start_median": round(sli_ratio, 3),
         "target_ratio": TARGET_RATIO,
-        "add_to_visible_ms": _summary(rounds.add_to_visible_ms) if rounds.add_to_visible_ms else {},
+        "add_to_visible_ms": summary(rounds.add_to_visible_ms) if rounds.add_to_visible_ms else {},
         "samples": {"plain_ms": [round(v, 1) for v in plain], "netclaim_ms": [round(v, 1) for v in nc],
                     "sli_plain_ms": [round(v, 1) for v in sli_plain], "sli_netclaim_ms": [round(v, 1) for v in sli_nc],
                     "add_to_visible_ms": [round(v, 1) for v in rounds.add_to_visible_ms]},
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _progress(f"plot: {plot(figures, out / 'cluster.png')}")
+    progress(f"plot: {plot(figures, out / 'cluster.png')}")
     return figures
 
 

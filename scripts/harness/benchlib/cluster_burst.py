@@ -29,7 +29,7 @@ from kubernetes import client, config
 from runtime.observe import ClaimWatcher, plugin_add_time
 from runtime.realcluster import RealCluster, pod_manifest, wait_until
 
-from .cluster import NAMESPACE, SLI, TARGET_RATIO, Chains, ReadyWatch, _progress, _summary, sli_sum
+from .cluster_common import NAMESPACE, SLI, TARGET_RATIO, Chains, ReadyWatch, progress, summary, sli_sum
 from .stats import percentile
 
 
@@ -108,7 +108,7 @@ def _burst(ctx: dict[str, Any], k: int, variant: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     directory = args.dir + "b"
     env = {**os.environ, "NETCLAIM_DRA_DEVICES": str(args.burst + 4)}  # a device per pod of a burst, and spare
-    _progress(f"bringing up the real cluster in {directory} ({env['NETCLAIM_DRA_DEVICES']} devices)")
+    progress(f"bringing up the real cluster in {directory} ({env['NETCLAIM_DRA_DEVICES']} devices)")
     t0 = time.time()
     cluster = RealCluster.up(directory, base_env=env)
     up_s = time.time() - t0
@@ -123,13 +123,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ctx = {"cluster": cluster, "core": client.CoreV1Api(api), "ready": ready, "claims": claims,
                "chains": Chains(cluster), "n": args.burst}
         warm = _burst(ctx, 0, "netclaim")
-        _progress(f"warm-up burst: p99 {warm['p99']:.0f} ms")
+        progress(f"warm-up burst: p99 {warm['p99']:.0f} ms")
         order = [v for i in range(args.burst_rounds) for v in (("plain", "netclaim") if i % 2 == 0
                                                                else ("netclaim", "plain"))]  # ABBA
         for k, variant in enumerate(order, start=1):
             bursts.append(_burst(ctx, k, variant))
             b = bursts[-1]
-            _progress(f"burst {k}/{len(order)} {variant}: p50 {b['p50']:.0f} ms, p99 {b['p99']:.0f} ms, "
+            progress(f"burst {k}/{len(order)} {variant}: p50 {b['p50']:.0f} ms, p99 {b['p99']:.0f} ms, "
                       f"span {b['span_ms']:.0f} ms, kubelet mean start {b['kubelet_mean_start_ms']:.0f} ms")
         ctx["chains"].use(True)
     finally:
@@ -156,8 +156,8 @@ def _figures(args: argparse.Namespace, up_s: float, bursts: list[dict[str, Any]]
         "ratio_p99": round(p99["netclaim"] / p99["plain"], 3),
         "ratio_p50": round(p50["netclaim"] / p50["plain"], 3),
         "target_ratio": TARGET_RATIO,
-        "pooled_create_to_ready_ms": {v: _summary(x) for v, x in pooled.items()},
-        "add_to_visible_ms": _summary(a2v) if a2v else {},
+        "pooled_create_to_ready_ms": {v: summary(x) for v, x in pooled.items()},
+        "add_to_visible_ms": summary(a2v) if a2v else {},
         "bursts": [{"variant": b["variant"], "p50_ms": round(b["p50"], 1), "p99_ms": round(b["p99"], 1),
                     "span_ms": round(b["span_ms"], 1), "kubelet_mean_start_ms": round(b["kubelet_mean_start_ms"], 1),
                     "samples_ms": [round(x, 1) for x in b["ms"]],

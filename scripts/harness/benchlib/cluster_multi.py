@@ -30,7 +30,7 @@ from runtime.controlplane import api_client
 from runtime.observe import _parse_ts
 from runtime.realcluster import ClusterError, RealCluster, cluster_sh, parse_env
 
-from .cluster import NAMESPACE, TARGET_RATIO, ReadyWatch, _progress, _summary
+from .cluster_common import NAMESPACE, TARGET_RATIO, ReadyWatch, progress, summary
 
 NETS = [multinet.Attachment("macvlan", "net1"), multinet.Attachment("bridge2", "net2")]
 IFNAMES = ["eth0"] + [a.ifname for a in NETS]
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     directory = args.dir + "m"
     env = {**os.environ, "NETCLAIM_CLUSTER_DIR": directory,
            "NETCLAIM_REQUEST": multinet.PRIMARY_REQUEST, "NETCLAIM_DRA_DEVICES": "24"}
-    _progress(f"bringing up the real cluster with Multus in {directory}")
+    progress(f"bringing up the real cluster with Multus in {directory}")
     t0 = time.time()
     try:
         cluster = RealCluster(directory, parse_env(cluster_sh("up", "--with-multus", env=env)), env)
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ms[variant].append((t_ready - start) * 1000)
                 cluster.delete_pod(NAMESPACE, name)
             if measured:
-                _progress(f"round {i - args.warmup + 1}/{args.rounds}: plain {ms['plain'][-1]:.0f} ms, "
+                progress(f"round {i - args.warmup + 1}/{args.rounds}: plain {ms['plain'][-1]:.0f} ms, "
                           f"netclaim {ms['netclaim'][-1]:.0f} ms")
     finally:
         for w in (ready, entries):
@@ -180,10 +180,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "multi_network": True,
         "networks": IFNAMES,
         "cluster_up_s": round(up_s, 1),
-        "pod_create_to_ready_ms": {"plain": _summary(ms["plain"]), "netclaim": _summary(ms["netclaim"])},
+        "pod_create_to_ready_ms": {"plain": summary(ms["plain"]), "netclaim": summary(ms["netclaim"])},
         "ratio_create_to_ready_median": round(ratio, 3),
         "target_ratio": TARGET_RATIO,
-        "add_to_visible_ms": {i: _summary(v) for i, v in a2v.items() if v},
+        "add_to_visible_ms": {i: summary(v) for i, v in a2v.items() if v},
         "samples": {"plain_ms": [round(v, 1) for v in ms["plain"]], "netclaim_ms": [round(v, 1) for v in ms["netclaim"]],
                     "add_to_visible_ms": {i: [round(x, 1) for x in v] for i, v in a2v.items()}},
     }

@@ -81,7 +81,7 @@ def at_rest(api: client.ApiClient, nodes: set[str], seconds: float, progress: An
             "apiserver_requests_per_s_all_clients": round((requests_after - requests_before) / seconds, 2)}
 
 
-def _summary(values: list[float]) -> dict[str, float]:
+def summary(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 3), "p90": round(percentile(values, 0.9), 3),
             "min": round(min(values), 3), "max": round(max(values), 3), "n": len(values)}
 
@@ -136,8 +136,8 @@ def run_nodes(args: argparse.Namespace, namespace: str, ready_watch: Any, progre
     return {
         "nodes": args.nodes,
         "cluster_up_s": round(up_s, 1),
-        "pod_create_to_status_visible_s": _summary(visible),
-        "pod_create_to_ready_s": _summary(ready_s),
+        "pod_create_to_status_visible_s": summary(visible),
+        "pod_create_to_ready_s": summary(ready_s),
         "per_node_median_s": {n: round(statistics.median(v), 3) for n, v in per_node.items()},
         "target_median_s": TARGET_S,
         "samples_s": [round(v, 3) for v in visible],

@@ -393,7 +393,7 @@ def _figures(runs: int, walls: dict[str, list[float]], cpus: dict[str, list[floa
 
 
 def write_section(doc: Path, figures: dict) -> None:
-    """Replace only the `## Suite \`plugin\`` section of the benchmarks doc (others own the rest)."""
+    """Replace only the "## Suite `plugin`" section of the benchmarks doc (others own the rest)."""
     from benchlib.report import _flatten
 
     rest = {k: v for k, v in figures.items() if k not in ("cases", "description")}

@@ -237,7 +237,8 @@ class Observer:
         self.looks += 1
         self.workload.seen(look.pods)
         views = self.views(look)
-        self.own.observe(look.at, checks.own_sandbox_problems(look, self.driver, views), self.window)
+        own = checks.own_sandbox_problems(look, self.driver, views, list(self.node.unchained))
+        self.own.observe(look.at, own, self.window)
         self.stale.observe(look.at, checks.stale_entries(look, self.driver), self.window)
         if tick % 5 == 0:
             self.events()

@@ -24,12 +24,20 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from runtime.procs import wait_gone
 
-if TYPE_CHECKING:
-    from .soak_faults import Node
+
+
+class Node(Protocol):
+    """What a boot needs of the soak's node (soak_faults.Node); a protocol so this module need not import it."""
+
+    cluster: Any
+    dir: Path
+    soak_dir: Path
+    nc: Path
+    publisher_wrapper: Path | None
 
 REPO = Path(__file__).resolve().parents[3]
 BOOT_ID = "/proc/sys/kernel/random/boot_id"

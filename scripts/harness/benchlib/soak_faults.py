@@ -75,6 +75,9 @@ class Node:
         self.held: set[str] = set()
         self.lock = threading.Lock()
         self.crashes: list[Crash] = []
+        # (from, until): spans in which the runtime ran a chain without netclaim (a conflist rewrite
+        # until containerd loaded the re-chained file); a sandbox created then sends no ADD, by design.
+        self.unchained: list[tuple[float, float]] = []
         self.publisher_wrapper: Path | None = None  # set by the first simulated reboot
         self.stopping = threading.Event()  # teardown: nothing is started again
 
@@ -382,9 +385,26 @@ class ConflistRewrite(Fault):
         while time.time() < deadline:
             if '"netclaim"' in path.read_text():
                 record.notes.append(f"re-chained after {time.time() - record.start:.1f}s")
-                return
+                break
             time.sleep(0.1)
-        record.notes.append("NOT re-chained within 30s")
+        else:
+            record.notes.append("NOT re-chained within 30s")
+            node.unchained.append((record.start, time.time()))
+            return
+        # The runtime reloads the conf dir on its own schedule: until it has, new sandboxes still
+        # get the chain without netclaim. The span ends when containerd reports netclaim loaded.
+        while time.time() < deadline and not _runtime_runs_netclaim(node):
+            time.sleep(0.1)
+        node.unchained.append((record.start, time.time()))
+        record.notes.append(f"containerd runs netclaim again after {time.time() - record.start:.1f}s")
+
+
+def _runtime_runs_netclaim(node: Node) -> bool:
+    """containerd's loaded CNI config has a netclaim plugin (False while crictl cannot tell)."""
+    try:
+        return "netclaim" in node.cluster.loaded_cni_types()
+    except (subprocess.SubprocessError, ValueError, KeyError, OSError):
+        return False
 
 
 class Reboot(Fault):

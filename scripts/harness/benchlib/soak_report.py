@@ -5,12 +5,22 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import soak_checks as checks
 
-if TYPE_CHECKING:
-    from .soak import Soak
+
+
+class Soak(Protocol):
+    """What the report reads of a finished soak (soak.Soak); a protocol so the report need not import it."""
+
+    args: Any
+    t0: float
+    node: Any
+    observer: Any
+    workload: Any
+    records: list[Any]
+    teardown_notes: list[str]
 
 ORDINARY_SHARE_MIN = 0.8
 SPOOL_SLACK = 5.0  # an ADD that started inside a fault may finish (and be read) a little after its end

@@ -2,7 +2,7 @@
 
 An API server restart breaks every node's pod watch at the same instant and
 refuses connections for a while. This suite runs 100 nodes' real pod caches
-(publisher/podcache.py: the real follow() loop, Kube, ApiClient, rate limiter
+(publisher/reconcile/podcache.py: the real follow() loop, Kube, ApiClient, rate limiter
 and event parser, one thread each, each with its own connection pool) against
 a local stand-in API server over HTTPS: it answers the pod LIST (no pods) and
 holds each WATCH open with chunked encoding. Once every node watches, the
@@ -181,9 +181,9 @@ class Nodes:
 
     def __init__(self, api: StandInApi, count: int) -> None:
         sys.path.insert(0, str(REPO))
-        from publisher.apiclient import ApiClient, Endpoint
-        from publisher.kube import Kube
-        from publisher.podcache import PodCache
+        from publisher.kube.apiclient import ApiClient, Endpoint
+        from publisher.kube.calls import Kube
+        from publisher.reconcile.podcache import PodCache
 
         self.stopping = threading.Event()
         self._lock = threading.Lock()

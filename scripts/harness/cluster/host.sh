@@ -62,6 +62,14 @@ remove_cgroups() { # depth first, every hierarchy (runc also creates it in cgrou
     log "warning: could not remove cgroup /$CGROOT everywhere (processes left in it?)"
 }
 
+share_netns_dir() { # /var/run/netns a shared mount, as `ip netns add` leaves it and as a systemd host has every mount:
+    # the chart mounts it into the publisher with HostToContainer propagation (the live-interface watch),
+    # which the runtime refuses from a private mount. Left in place on down, as iproute2 leaves it.
+    mkdir -p /var/run/netns
+    mountpoint -q /var/run/netns || mount --bind /var/run/netns /var/run/netns
+    mount --make-shared /var/run/netns
+}
+
 save_sysctls() { # once per cluster: the host's values before any kubelet start
     [[ -f "$DIR/sysctl.saved" ]] && return 0
     local s

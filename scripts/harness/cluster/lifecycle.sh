@@ -51,6 +51,7 @@ cmd_up() { # cmd_up [--with-dranet]
     done
     save_network_state
     save_sysctls
+    share_netns_dir
     make_cgroups
 
     log "control plane (etcd, kube-apiserver) in $CP_DIR"

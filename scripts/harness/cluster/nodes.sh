@@ -224,6 +224,7 @@ cmd_up_nodes() { # cmd_up_nodes N
         save_var "$v"
     done
     save_sysctls
+    share_netns_dir
     claim_cdi_dir
     mkdir -p "$NODE_ALIAS" "$NSDIR"
     make_node_ips

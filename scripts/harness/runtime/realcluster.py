@@ -201,6 +201,12 @@ class RealCluster:
         return subprocess.run([self.values["NETCLAIM_CRICTL"], *args], env=env, capture_output=True, text=True,
                               check=True, timeout=60).stdout
 
+    def loaded_cni_types(self) -> list[str]:
+        """The plugin types of the CNI config containerd has loaded now (crictl info), in chain order."""
+        info = json.loads(self.crictl("info", "-o", "json"))
+        networks = (info.get("cniconfig") or {}).get("Networks") or []
+        return [p["Network"]["type"] for n in networks for p in (n.get("Config") or {}).get("Plugins") or []]
+
     def sandbox(self, namespace: str, pod: str) -> dict[str, Any]:
         """The pod's ready sandbox as containerd reports it (crictl inspectp)."""
         ids = self.crictl("pods", "--namespace", namespace, "--name", f"^{pod}$", "--state", "ready", "-q").split()
