@@ -100,9 +100,11 @@ def describe(state: tuple) -> str:
 class Watcher(threading.Thread):
     """Runs `react` on every change of the directory, like an fsnotify watch; counts its writes.
 
-    A change made by `react` itself is not a new event for it (the state is
-    taken again after it returns), the way the real watchers ignore their own
-    writes by comparing what they would render with what is there.
+    Every react compares what it would write with what is there, the way the real
+    watchers ignore their own writes, so a pass that wrote is followed by one more
+    look: a change another writer made between this one's write and that look is
+    an event too (taking the state again after a write would swallow it, and end a
+    contest the real writer would go on with).
     """
 
     def __init__(self, conf_dir: Path, react: React, name: str) -> None:
@@ -126,7 +128,7 @@ class Watcher(threading.Thread):
                             self.writes += wrote
                             self.log.append(f"{time.strftime('%H:%M:%S')} {self.name}: {wrote} write(s) after "
                                             f"{describe(now)}")
-                        last = dir_state(self.conf_dir)
+                        last = None if wrote else now
                     except (FileNotFoundError, ValueError, KeyError, IndexError) as exc:
                         # Read while another writer renamed or was halfway through: look again.
                         if len(self.errors) < 100:

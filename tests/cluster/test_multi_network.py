@@ -33,7 +33,7 @@ import pytest
 from runtime.realcluster import (PAUSE_IMAGE, ClusterError, RealCluster, cluster_sh, entries_of, parse_env,
                                  ready_status, wait_until)
 
-REPORTING_CONTROLLER = "netclaim.dev/publisher"  # publisher/events.py
+REPORTING_CONTROLLER = "netclaim.dev/publisher"  # publisher/observe/events.py
 DEVICE_CLASS = "net.example.com"  # the DeviceClass scripts/cluster.sh creates for its DRA driver
 
 

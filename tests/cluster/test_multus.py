@@ -110,6 +110,39 @@ def test_one_claim_a_request_per_network(mcluster: RealCluster, mns: str) -> Non
     assert not refused, f"Multus was refused by the API: {refused[:3]}"
 
 
+def test_a_secondary_interface_set_down_shows_on_its_own_entry_only(mcluster: RealCluster, mns: str) -> None:
+    """net1 (macvlan behind Multus) set down in the pod's netns: its entry says Ready=False LinkDown,
+    eth0's stays Ready; up again, both agree with the netns once more."""
+    cls = mcluster.values["NETCLAIM_DEVICE_CLASS"]
+    nets = [MACVLAN]
+    mcluster.apply(multinet.claim_template(mns, "two", ["nic", "macvlan"], cls),
+                   multinet.pod(mns, "p", nets, {"net": {"resourceClaimTemplateName": "two"}}))
+    mcluster.wait_running(mns, "p")
+    settled(mcluster, mns, "p", expected_of(nets))
+    netns = mcluster.netns(mns, "p")
+
+    def in_pod(*ip_args: str) -> None:
+        subprocess.run(["nsenter", f"--net={netns}", "ip", *ip_args], check=True, capture_output=True)
+
+    def ready_of(v: multinet.PodView, ifname: str) -> tuple[str, str]:
+        (entry,) = v.entries[ifname]
+        cond = next(c for c in entry["conditions"] if c["type"] == "Ready")
+        return cond["status"], cond.get("reason", "")
+
+    def net1_unready() -> multinet.PodView | None:
+        v = multinet.view(mcluster, mns, "p")
+        return v if ready_of(v, "net1")[0] == "False" else None
+
+    in_pod("link", "set", "net1", "down")
+    v = wait_until(net1_unready, "net1's entry to show Ready=False", timeout=60)
+    assert ready_of(v, "net1") == ("False", "LinkDown")
+    assert ready_of(v, "eth0")[0] == "True"
+    in_pod("link", "set", "net1", "up")
+    wait_until(lambda: ready_of(multinet.view(mcluster, mns, "p"), "net1")[0] == "True",
+               "net1's entry to show Ready=True again", timeout=60)
+    settled(mcluster, mns, "p", expected_of(nets))
+
+
 def test_a_claim_per_network_template_and_precreated(mcluster: RealCluster, mns: str) -> None:
     """eth0 from a template, net1 from a pre-created claim, net2 from a second template: each claim its own entry."""
     cls = mcluster.values["NETCLAIM_DEVICE_CLASS"]

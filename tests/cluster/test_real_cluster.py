@@ -85,6 +85,46 @@ def test_pod_deletion_runs_del_and_the_entry_goes(real_cluster: RealCluster, ns:
                f"netclaim's DEL of sandbox {sandbox_id}", timeout=60)
 
 
+def in_pod_netns(cluster: RealCluster, ns: str, pod: str, *ip_args: str) -> None:
+    """`ip ...` inside the pod's netns (a pause pod has no shell for kubectl exec)."""
+    subprocess.run(["nsenter", f"--net={cluster.netns(ns, pod)}", "ip", *ip_args], check=True, capture_output=True)
+
+
+def entry_where(cluster: RealCluster, ns: str, claim: str, what: str, ok) -> dict:
+    def entry() -> dict | None:
+        mine = entries_of(cluster.claim_yaml(ns, claim), cluster.driver)
+        return mine[0] if len(mine) == 1 and ok(mine[0]) else None
+    return wait_until(entry, f"{what} on {ns}/{claim}", timeout=60)
+
+
+def ready_reason(entry: dict) -> str:
+    return next((c.get("reason", "") for c in entry.get("conditions") or [] if c.get("type") == "Ready"), "")
+
+
+def test_the_entry_follows_the_pods_interface_after_the_add(real_cluster: RealCluster, ns: str) -> None:
+    """Set down in the pod's netns: Ready=False LinkDown; up: True; an address added shows, removed goes.
+    No CNI CHECK runs (containerd never calls it): the publisher sees the netns itself."""
+    real_cluster.claim_template(ns)
+    real_cluster.pod(ns, "live", template="net")
+    real_cluster.wait_running(ns, "live")
+    claim = real_cluster.pod_claim(ns, "live")
+    first = assert_entry_is_the_pods(real_cluster, ns, "live", claim)
+    in_pod_netns(real_cluster, ns, "live", "link", "set", "eth0", "down")
+    down = entry_where(real_cluster, ns, claim, "Ready=False", lambda e: ready_status(e) == "False")
+    assert ready_reason(down) == "LinkDown", down
+    in_pod_netns(real_cluster, ns, "live", "link", "set", "eth0", "up")
+    entry_where(real_cluster, ns, claim, "Ready=True again", lambda e: ready_status(e) == "True")
+    extra = "192.0.2.77/32"
+    in_pod_netns(real_cluster, ns, "live", "addr", "add", extra, "dev", "eth0")
+    shown = entry_where(real_cluster, ns, claim, f"{extra} in networkData",
+                        lambda e: extra in e["networkData"].get("ips", []))
+    assert shown["networkData"]["ips"] == [*first["networkData"]["ips"], extra]
+    assert real_cluster.interface(ns, "live").cidrs == shown["networkData"]["ips"]
+    in_pod_netns(real_cluster, ns, "live", "addr", "del", extra, "dev", "eth0")
+    entry_where(real_cluster, ns, claim, f"{extra} gone from networkData",
+                lambda e: e["networkData"].get("ips") == first["networkData"]["ips"] and ready_status(e) == "True")
+
+
 @pytest.mark.parametrize("component", ["kubelet", "containerd"])
 def test_restart_keeps_live_entries_and_drops_dead_ones(real_cluster: RealCluster, ns: str, component: str) -> None:
     real_cluster.claim(ns, "live-net")

@@ -263,8 +263,9 @@ def dir_state(net_d: Path) -> tuple:
 
 
 class OtherWriter(threading.Thread):
-    """Another program that owns (part of) the conf dir: `react` runs on every directory change
-    (its own writes excluded) and returns True when it wrote; `rewrites` counts those."""
+    """Another program that owns (part of) the conf dir: `react` runs on every directory change,
+    must be idempotent (it runs once more after its own write) and returns True when it wrote;
+    `rewrites` counts those."""
 
     def __init__(self, node: Node, react: Callable[[Node], bool]) -> None:
         super().__init__(daemon=True)
@@ -273,14 +274,18 @@ class OtherWriter(threading.Thread):
     def run(self) -> None:
         last = None
         while not self.stop.is_set():
+            # The snapshot is taken before `react` reads: a keeper write landing while `react` runs
+            # differs from it and is looked at next time (a snapshot taken after `react` absorbed
+            # such a write, and this writer then never undid it). After its own write it looks
+            # again; `react` is idempotent, so that second look writes nothing.
             now = dir_state(self.node.net_d)
             if now != last:
                 try:
-                    if self.react(self.node):
-                        self.rewrites += 1
-                    last = dir_state(self.node.net_d)
+                    wrote = self.react(self.node)
+                    self.rewrites += wrote
                 except (FileNotFoundError, ValueError):
-                    pass  # read while another writer renamed: look again
+                    wrote = True  # read while another writer renamed: look again
+                last = None if wrote else now
             time.sleep(0.02)
 
     def __enter__(self) -> "OtherWriter":

@@ -68,6 +68,35 @@ def test_a_list_of_drivers_is_authorized_and_the_first_is_the_entry() -> None:
     assert one(docs, "ConfigMap")["data"]["NETCLAIM_DRIVER_NAME"] == "a.example.com"
 
 
+def test_only_the_publisher_may_enter_pod_netns_and_only_with_the_live_watch() -> None:
+    """liveWatch on (the default): SYS_ADMIN on the publisher alone, the netns dir read-only with
+    HostToContainer (a netns made after the publisher started must appear). Off: neither, and the
+    publisher is told so."""
+    def pod_of(*sets: str) -> dict:
+        return one(render(*sets), "DaemonSet")["spec"]["template"]["spec"]
+
+    pod = pod_of()
+    for c in pod["containers"] + pod["initContainers"]:
+        caps = c["securityContext"]["capabilities"]
+        assert caps["drop"] == ["ALL"], c["name"]
+        assert caps.get("add", []) == (["SYS_ADMIN"] if c["name"] == "publisher" else []), c["name"]
+    publisher = next(c for c in pod["containers"] if c["name"] == "publisher")
+    [mount] = [m for m in publisher["volumeMounts"] if m["name"] == "netns"]
+    assert mount == {"name": "netns", "mountPath": "/var/run/netns", "readOnly": True,
+                     "mountPropagation": "HostToContainer"}
+    assert {v["name"]: v for v in pod["volumes"]}["netns"]["hostPath"]["path"] == "/var/run/netns"
+    assert not any(m["name"] == "netns" for c in pod["containers"] if c["name"] != "publisher"
+                   for m in c["volumeMounts"])
+    assert "--no-live-watch" not in publisher["args"]
+    moved = pod_of("liveWatch.netnsDir=/run/containerd/io.containerd.grpc.v1.cri/netns")
+    assert {v["name"]: v for v in moved["volumes"]}["netns"]["hostPath"]["path"].endswith("cri/netns")
+    off = pod_of("liveWatch.enabled=false")
+    publisher = next(c for c in off["containers"] if c["name"] == "publisher")
+    assert "add" not in publisher["securityContext"]["capabilities"]
+    assert "netns" not in {v["name"] for v in off["volumes"]}
+    assert "--no-live-watch" in publisher["args"]
+
+
 def test_values_reach_the_daemonset() -> None:
     docs = render("image.repository=registry.example/netclaim", "image.tag=9.9.9", "cni.confDir=/etc/cni/multus.d",
                   "cni.binDir=/var/lib/cni/bin", "cni.conflist=05-cilium.conflist", "metrics.port=19464",
@@ -109,9 +138,9 @@ def test_monitors_are_rendered_only_when_enabled() -> None:
 def test_publisher_mounts_nothing_it_does_not_use() -> None:
     pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
     mounts = {c["name"]: {m["name"] for m in c["volumeMounts"]} for c in pod["containers"] + pod["initContainers"]}
-    assert mounts["publisher"] == {"run", "state", "api-token", "tmp"}
+    assert mounts["publisher"] == {"run", "state", "netns", "api-token", "tmp"}  # netns: the live watch
     assert mounts["install"] == {"cni-bin", "cni-conf", "state", "tmp"}  # state: the node lock only
-    assert "netns" not in {v["name"] for v in pod["volumes"]}  # nothing reads /run/netns
+    assert {c for c, m in mounts.items() if "netns" in m} == {"publisher"}
 
 
 def test_generated_manifests_are_not_stale() -> None:

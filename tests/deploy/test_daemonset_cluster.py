@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 import cni_plugin
-from publisher.chainkeeper import cached_users
+from publisher.chain.nodefiles import cached_users
 from chartlib import CHART, helm
 from deploylib import REPO, own_cluster
 

@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 from cni_plugin import wire
-from publisher.mapper import map_event
+from publisher.reconcile.mapper import map_event
 
 pytestmark = pytest.mark.netns
 

@@ -76,7 +76,13 @@ def test_daemonset_as_the_api_server_defaults_it(api_client) -> None:
     token = volumes["api-token"]["projected"]["sources"][0]["serviceAccountToken"]
     assert token["expirationSeconds"] == 3600
     mounts = {m["name"]: m for m in publisher["volumeMounts"]}
-    assert "netns" not in mounts  # nothing in the publisher reads /run/netns
+    # The live-interface watch: the runtime's netns directory, read only, and new namespaces must show up in it.
+    assert mounts["netns"]["readOnly"] is True and mounts["netns"]["mountPropagation"] == "HostToContainer"
+    assert volumes["netns"]["hostPath"]["path"] == "/var/run/netns"
+    # setns(2) into a pod's netns is the one capability it keeps; nothing else is added back.
+    assert publisher["securityContext"]["capabilities"].get("add") == ["SYS_ADMIN"]
+    assert all(not c["securityContext"]["capabilities"].get("add")
+               for c in pod["containers"][1:] + pod["initContainers"]), "only the publisher keeps a capability"
     assert "cni-bin" not in mounts and "cni-conf" not in mounts  # only the installer and the keeper write those
     keeper = next(c for c in pod["containers"] if c["name"] == "chain-keeper")
     assert {"cni-bin", "cni-conf"} <= {m["name"] for m in keeper["volumeMounts"]}

@@ -65,7 +65,7 @@ def test_metric_names_follow_prometheus_conventions_and_backlog_gauges(tmp_root:
     from prometheus_client.parser import text_string_to_metric_families
 
     import cni_plugin
-    from publisher.metrics import Metrics
+    from publisher.observe.metrics import Metrics
 
     metrics = Metrics()
     spool = tmp_root / "spool"

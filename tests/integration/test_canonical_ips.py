@@ -5,7 +5,7 @@ in its own canonical form (kubernetes PR 129219) and, when it refuses, its 422
 message names that form. So the real server is the oracle here: for every
 address of a corpus of tricky spellings we ask the server what it accepts and
 what it calls canonical, then run the publisher's own mapping (the CNI result
--> AllocatedDeviceStatus path, publisher/mapper.py, which applies the local
+-> AllocatedDeviceStatus path, publisher/reconcile/mapper.py, which applies the local
 validation of publisher/limits.py) and require:
 
 1. whatever the publisher would send is accepted by the server (a local check
@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from cni_plugin.wire import Event, PodRef
-from publisher import mapper
+from publisher.reconcile import mapper
 
 pytestmark = pytest.mark.controlplane
 
@@ -136,7 +136,7 @@ def oracle(api_client):
 def publisher_ips(address: str) -> list[str]:
     """What the publisher would write for a sandbox interface carrying `address`.
 
-    Goes through the publisher's mapping of a CNI result (publisher/mapper.py),
+    Goes through the publisher's mapping of a CNI result (publisher/reconcile/mapper.py),
     which also runs its local validation; an entry it refuses publishes nothing."""
     result = {"cniVersion": "1.1.0",
               "interfaces": [{"name": "eth0", "mac": "0a:58:0a:00:00:05", "sandbox": "/var/run/netns/x"}],

@@ -323,6 +323,7 @@ class Sandbox:
         for n, ifname in enumerate(NETWORKS):
             host = f"mh{n}{tag}"
             run("ip", "link", "add", host, "type", "veth", "peer", "name", ifname, "netns", self.netns)
+            run("ip", "link", "set", host, "up")  # as the bridge plugin leaves it: the pod side has carrier
             v4 = f"10.{80 + n}.{self.index // 250}.{self.index % 250 + 2}/16"
             v6 = f"fd00:{80 + n}::{self.index + 2:x}/64"
             self.ips[ifname] = [v4, v6]
@@ -337,6 +338,11 @@ class Sandbox:
     def drift(self, ifname: str) -> None:
         """Take the IPv4 address away: CHECK must report drift."""
         run("ip", "-n", self.netns, "addr", "del", self.ips[ifname][0], "dev", ifname)
+
+    def set_carrier(self, ifname: str, up: bool) -> None:
+        """The host side of the interface's veth up or down: the pod side gains or loses its carrier."""
+        host = f"mh{list(NETWORKS).index(ifname)}{self.netns[-6:]}"
+        run("ip", "link", "set", host, "up" if up else "down")
 
     def destroy(self) -> None:
         run("ip", "netns", "del", self.netns, check=False)
@@ -399,6 +405,8 @@ class Known:
     ready: bool
     ips: list[str]
     mac: str
+    drifted: bool = False  # its IPv4 address taken away in the netns: the live watch shows that
+    no_carrier: bool = False  # its veth's host side set down: Ready=False (NoCarrier) until it is up again
 
 
 @dataclass
@@ -434,8 +442,12 @@ class Model:
         if not candidates:
             return {}
         latest = max(candidates, key=lambda k: k.seq)
-        return {c.device: {"interfaceName": latest.ifname, "ips": sorted(latest.ips), "hardwareAddress": latest.mac,
-                           "ready": "True" if latest.ready else "False", "containerID": latest.cid}}
+        # A drifted interface (its IPv4 address removed) is shown as the netns has it, CHECK or not:
+        # the address gone from networkData, Ready=False (publisher/live/).
+        ips = latest.ips[1:] if latest.drifted else latest.ips
+        ready = latest.ready and not latest.drifted and not latest.no_carrier
+        return {c.device: {"interfaceName": latest.ifname, "ips": sorted(ips), "hardwareAddress": latest.mac,
+                           "ready": "True" if ready else "False", "containerID": latest.cid}}
 
 
 def observed_devices(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

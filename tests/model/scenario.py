@@ -73,6 +73,7 @@ class Scenario:
     added: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)  # -> ADD's printed result
     live: set[tuple[int, str]] = field(default_factory=set)  # the runtime's view
     drifted: set[tuple[int, str]] = field(default_factory=set)
+    carrierless: set[tuple[int, str]] = field(default_factory=set)  # attachments whose veth host side is down
     kills: int = 0
     apiserver_restarts: int = 0
     rotations: int = 0
@@ -198,7 +199,8 @@ class Scenario:
         self.live.add((i, ifname))
         seq = self.model.tick()
         self.model.known[(sb.cid, ifname)] = Known(sb.cid, ifname, sb.pod_uid, seq, True, list(sb.ips[ifname]),
-                                                   sb.mac(ifname))
+                                                   sb.mac(ifname), drifted=(i, ifname) in self.drifted,
+                                                   no_carrier=(i, ifname) in self.carrierless)
 
     def delete(self, pick: int, channel: str) -> None:
         i, ifname = self.deletable()[pick % len(self.deletable())]
@@ -233,6 +235,23 @@ class Scenario:
         if (i, ifname) not in self.drifted:
             self.sandboxes[i].drift(ifname)
             self.drifted.add((i, ifname))
+            known = self.model.known.get((self.sandboxes[i].cid, ifname))
+            if known:
+                known.drifted = True
+
+    def carrier(self, pick: int) -> None:
+        """Take a live attachment's carrier away, or give it back (its veth's host side down or up):
+        the live watch must show Ready=False and then True, never bringing back a retired entry."""
+        i, ifname = self.deletable()[pick % len(self.deletable())]
+        lose = (i, ifname) not in self.carrierless
+        self.sandboxes[i].set_carrier(ifname, not lose)
+        if lose:
+            self.carrierless.add((i, ifname))
+        else:
+            self.carrierless.discard((i, ifname))
+        known = self.model.known.get((self.sandboxes[i].cid, ifname))
+        if known:
+            known.no_carrier = lose
 
     def gc(self, network: int, channel: str) -> None:
         """The runtime's GC of one network, listing the attachments it has live on it."""
@@ -312,6 +331,7 @@ class Scenario:
         self.dead.update(range(len(self.sandboxes)))
         self.live.clear()
         self.drifted.clear()
+        self.carrierless.clear()
         self.model.known.clear()
         self.model.tick()
         self.h.publisher.start()

@@ -8,7 +8,8 @@ publisher and plugin come back in a new boot, nothing sends a DEL), API cut at a
 the real API server stopped and started, token rotation with 401s, claim
 deallocation and reallocation (to another pod, another device, another node), a
 claim shared by a second pod (reservedFor with two pods: one entry, the latest attachment),
-pod deletion and re-creation. After each sequence the node is made healthy
+pod deletion and re-creation, and the interface changing under the publisher in the real netns
+(an address removed, the carrier lost and regained: the live watch shows them). After each sequence the node is made healthy
 again and, once quiet, every claim's netclaim entries must be exactly what the
 model says (Model.expected_devices). Expensive steps (API server restart, token
 rotation) are only enabled in "heavy" sequences (about 1 in 20), at most
@@ -94,6 +95,11 @@ def machine_for(harness: Harness) -> type[RuleBasedStateMachine]:
         @rule(pick=picks)
         def drift(self, pick: int) -> None:
             self.do("drift", pick=pick)
+
+        @precondition(lambda self: self.s.deletable())
+        @rule(pick=picks)
+        def carrier(self, pick: int) -> None:
+            self.do("carrier", pick=pick)
 
         # heavy sequences: the expensive steps get rules of their own so that they do happen
         @precondition(lambda self: self.s.heavy and harness.apiserver_up and not self.s.apiserver_restarts)

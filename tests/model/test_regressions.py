@@ -105,6 +105,18 @@ def test_check_drift_then_new_sandbox_of_the_same_pod(harness: Harness) -> None:
                      ("new_sandbox", {"slot": 0}), ("add", {"pick": 3, "channel": "socket"})])
 
 
+def test_a_lost_carrier_is_shown_and_a_del_while_the_publisher_is_down_is_not_undone(harness: Harness) -> None:
+    """The live watch's view against events: the carrier goes, the entry says NoCarrier; the carrier
+    comes back while the publisher is down and the attachment is DELeted through the spool: on
+    restart the DEL wins (the watch's observation of the old attachment never writes it back),
+    and the other attachment shows Ready again; at the end one loses its carrier for good."""
+    replay(harness, [begin(), ("add", {"pick": 0, "channel": "socket"}), ("add", {"pick": 1, "channel": "socket"}),
+                     ("carrier", {"pick": 0}), ("carrier", {"pick": 1}), ("kill_publisher", {}),
+                     ("carrier", {"pick": 0}), ("delete", {"pick": 1, "channel": "spool"}),
+                     ("start_publisher", {}), ("new_sandbox", {"slot": 0}), ("add", {"pick": 3, "channel": "socket"}),
+                     ("carrier", {"pick": 0})])
+
+
 def test_an_add_before_its_claim_is_reserved_is_published_once_it_is(harness: Harness) -> None:
     """Informer lag / scheduler order: p2's ADD arrives before ca is reserved for p2."""
     replay(harness, [begin(), ("new_sandbox", {"slot": 2}), ("add", {"pick": 4, "channel": "socket"}),

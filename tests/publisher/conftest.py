@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from publisher.kube import Credentials, Kube
-from publisher.metrics import Metrics
+from publisher.kube.calls import Credentials, Kube
+from publisher.observe.metrics import Metrics
 from publisher.service import Service, Settings
 from lossy_proxy import LossyApiProxy
 from publisher_testkit import Cluster, Plugin, Publisher, suffix

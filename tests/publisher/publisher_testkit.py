@@ -278,14 +278,30 @@ def unreachable_kubeconfig(workdir: Path) -> Path:
 def in_boot(workdir: Path, boot_id: str) -> list[str]:
     """A command prefix that runs a program as if the node were in boot `boot_id`.
 
-    The program gets a private mount namespace in which the kernel's boot id file
+    The program gets a mount namespace of its own in which the kernel's boot id file
     is replaced by one naming `boot_id` (bind mount): the publisher and the plugin
     read nothing else to tell boots apart. Needs root (the suite runs as root).
+    The namespace is the host's slave, as a DaemonSet's HostToContainer mount is: a
+    netns the test makes later (a bind mount under /run/netns) shows up in it, so the
+    live-interface watch of a publisher started in this boot can enter it.
     """
+    share_netns_dir()
     boot_file = workdir / f"boot_id-{boot_id}"
     boot_file.write_text(boot_id + "\n")
     script = f'mount --bind {boot_file} /proc/sys/kernel/random/boot_id && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+    return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", script, "sh"]
+
+
+def share_netns_dir() -> None:
+    """/run/netns as a shared mount, the way `ip netns add` leaves it (idempotent).
+
+    A slave mount namespace made before the directory was a mount point of its own
+    would not receive the netns bind mounts made in it later."""
+    netns_dir = "/run/netns"
+    os.makedirs(netns_dir, exist_ok=True)
+    if subprocess.run(["mountpoint", "-q", netns_dir], check=False).returncode != 0:
+        subprocess.run(["mount", "--bind", netns_dir, netns_dir], check=True)
+    subprocess.run(["mount", "--make-shared", netns_dir], check=True)
 
 
 def request(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from publisher.kube import Credentials, Kube, TransientError
+from publisher.kube.calls import Credentials, Kube, TransientError
 from publisher_testkit import wait_until
 from tls_standin import Pki, TlsStandIn, kubeconfig
 

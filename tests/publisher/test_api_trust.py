@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import urllib3
 
-from publisher import apiclient
+from publisher.kube import apiclient
 from publisher_testkit import Publisher, wait_until
 from tls_standin import Pki, TlsStandIn, kubeconfig
 

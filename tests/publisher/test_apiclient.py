@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import urllib3
 
-from publisher import apiclient
+from publisher.kube import apiclient
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def _namespaces(client: apiclient.ApiClient) -> int:
 def test_token_kubeconfig_lists_and_the_kubernetes_package_is_never_imported(control_plane, tmp_path):
     kc = _kubeconfig(tmp_path / "kc", control_plane.server, {"certificate-authority": control_plane.ca_file},
                      {"token": control_plane.token("admin") + "\n"})
-    code = ("import sys, resource; from publisher import cli, kube, service; "
+    code = ("import sys, resource; from publisher import cli, service; from publisher.kube import calls as kube; "
             "k = kube.Kube(cli.api_client_for(sys.argv[1], 4)); "
             "r = k._request('get', 'GET', '/api/v1/namespaces', query=[('limit', '1')]); "
             "print(r.status, 'kubernetes' in sys.modules, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")

@@ -15,8 +15,8 @@ import subprocess
 
 import pytest
 
-from publisher import journal_schema
-from publisher.journal import Journal
+from publisher.journal import schema as journal_schema
+from publisher.journal.store import Journal
 from publisher_testkit import BIN, unreachable_kubeconfig
 
 

@@ -1,4 +1,4 @@
-"""Issue 16 item 2 at the unit level: the boot order (publisher/order.py) on a real journal file.
+"""Issue 16 item 2 at the unit level: the boot order (publisher/journal/order.py) on a real journal file.
 
 Stamps of different boots are ranked by the sequence in which the journal first saw
 the boots, the current boot above all others, whatever the wall clocks say.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from cni_plugin.wire import PodRef, legacy_order, new_order
-from publisher.journal import Journal
-from publisher.order import BootOrder, current_boot_id
+from publisher.journal.store import Journal
+from publisher.journal.order import BootOrder, current_boot_id
 from publisher_testkit import cni_result, wire_event
 
 POD = PodRef("ns", "pod", "uid")

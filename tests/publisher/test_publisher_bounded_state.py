@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from publisher.writer import Writer
+from publisher.reconcile.writer import Writer
 
 
 def _writer(remembered: dict[str, str | None]) -> Writer:

@@ -117,7 +117,7 @@ def test_a_mark_whose_worker_died_is_retried_once_the_lease_ends(cluster: Cluste
     assert [c[:2] for c in service.journal.dirty_claims()] == [key], "retried while its worker still held it"
     later = service.journal.dirty_claims(EVERYTHING_DUE)
     assert [c[:2] for c in later] == [key]
-    monkeypatch.setattr("publisher.resync.node_seconds", lambda: EVERYTHING_DUE)  # the lease has ended
+    monkeypatch.setattr("publisher.repair.resync.node_seconds", lambda: EVERYTHING_DUE)  # the lease has ended
     service.housekeeping.retry_dirty()
     assert service.journal.dirty_claims() == []
 

@@ -1,12 +1,12 @@
-"""Where an ack may skip the fsync, and where it must not (publisher/durability.py)."""
+"""Where an ack may skip the fsync, and where it must not (publisher/journal/durability.py)."""
 
 from __future__ import annotations
 
 import time
 
-from publisher.durability import durable_commits, filesystem_type
-from publisher.journal import Journal
-from publisher.unchained import started_before_this_boot
+from publisher.journal.durability import durable_commits, filesystem_type
+from publisher.journal.store import Journal
+from publisher.repair.unchained import started_before_this_boot
 
 MOUNTINFO = """\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from publisher.events import QUEUE_SIZE, EventRecorder, claim_ref, event_body, pod_ref, trim_note
+from publisher.observe.events import QUEUE_SIZE, EventRecorder, claim_ref, event_body, pod_ref, trim_note
 
 
 def test_note_is_cut_to_1_kib_of_utf8_without_splitting_a_character():

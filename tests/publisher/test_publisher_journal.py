@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cni_plugin.wire import PodRef
 from publisher.clock import node_seconds
-from publisher.journal import Journal
+from publisher.journal.store import Journal
 from publisher_testkit import cni_result, wire_event
 
 POD = PodRef("ns", "pod", "uid")

@@ -7,7 +7,7 @@ import time
 from cni_plugin.wire import PodRef, new_order
 from publisher import limits
 from publisher.clock import node_seconds
-from publisher.journal import Journal
+from publisher.journal.store import Journal
 from publisher_testkit import cni_result, wire_event
 
 POD = PodRef("ns", "pod", "uid")
@@ -49,7 +49,7 @@ def test_the_fence_cap_holds_even_while_every_fence_is_young(workdir):
 
 
 def test_a_journal_reopened_in_a_new_boot_retires_the_earlier_boots_attachments(workdir):
-    from publisher.journal_schema import Attachment
+    from publisher.journal.schema import Attachment
 
     state = str(workdir / "state")
     j = Journal(state)

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from cni_plugin.wire import PodRef, event_request
-from publisher.reconciler import server_devices
-from publisher.writer import holds, owned_keys
+from publisher.reconcile.reconciler import server_devices
+from publisher.reconcile.writer import holds, owned_keys
 from publisher_testkit import DRIVER, Cluster, apply_as, cni_result, drained, request, suffix, wire_event
 
 pytestmark = pytest.mark.controlplane

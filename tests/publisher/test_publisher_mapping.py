@@ -6,7 +6,7 @@ import pytest
 
 from cni_plugin.wire import Event, PodRef
 from publisher import limits
-from publisher.mapper import map_event
+from publisher.reconcile.mapper import map_event
 
 POD = PodRef("ns", "pod", "uid-1")
 

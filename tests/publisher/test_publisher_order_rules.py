@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from cni_plugin.wire import Event, PodRef, legacy_order, new_order
 from publisher.clock import node_seconds
-from publisher.journal import Attachment, Journal
-from publisher.order import BootOrder
-from publisher.rules import gc_victims, stale_reason
+from publisher.journal.store import Attachment, Journal
+from publisher.journal.order import BootOrder
+from publisher.reconcile.rules import gc_victims, stale_reason
 from publisher_testkit import cni_result, wire_event
 
 POD = PodRef("ns", "pod", "uid")

@@ -17,7 +17,7 @@ import pytest
 
 from cni_plugin.wire import Event, PodRef
 from publisher_testkit import DRIVER, Cluster, Plugin, add, suffix
-from publisher.journal import shard_key
+from publisher.journal.store import shard_key
 
 pytestmark = pytest.mark.controlplane
 

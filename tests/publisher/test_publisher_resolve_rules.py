@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cni_plugin.wire import Event, PodRef
-from publisher.resolver import Unresolvable, allocated_node, choose_device
+from publisher.reconcile.resolver import Unresolvable, allocated_node, choose_device
 
 DRIVER = "net.example.com"
 
@@ -73,7 +73,7 @@ def test_several_devices_for_one_request_by_slice_attribute_then_by_the_free_one
 
 
 def test_extended_resource_claim_is_one_of_the_pods_claims():
-    from publisher.resolver import pod_claim_names
+    from publisher.reconcile.resolver import pod_claim_names
 
     pod = {"spec": {"resourceClaims": [{"name": "x", "resourceClaimName": "a"}]},
            "status": {"extendedResourceClaimStatus": {"resourceClaimName": "ext"}}}
@@ -81,7 +81,7 @@ def test_extended_resource_claim_is_one_of_the_pods_claims():
 
 
 def test_pod_without_any_claim_is_claimless_and_a_pending_template_is_not():
-    from publisher.resolver import pod_info
+    from publisher.reconcile.resolver import pod_info
 
     assert pod_info({"metadata": {"uid": "u"}, "spec": {}}).claimless
     assert pod_info({"spec": {"resourceClaims": []}, "status": {}}).claimless

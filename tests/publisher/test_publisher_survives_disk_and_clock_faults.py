@@ -327,8 +327,8 @@ def test_health_liveness_fails_while_the_journal_is_wedged(cluster, publisher_fa
 
 
 def test_health_thread_past_its_restart_budget_fails_liveness(control_plane, workdir):
-    from publisher.kube import Credentials, Kube
-    from publisher.metrics import Metrics
+    from publisher.kube.calls import Credentials, Kube
+    from publisher.observe.metrics import Metrics
     from publisher.service import Service, Settings
 
     kube = Kube(Credentials(control_plane.kubeconfig).loader(control_plane.kubeconfig, 2),
@@ -356,7 +356,7 @@ def test_times_of_another_boot_are_rebased_at_open(workdir):
     import sqlite3
 
     from publisher.clock import node_seconds
-    from publisher.journal import Journal
+    from publisher.journal.store import Journal
 
     pod = PodRef("ns", "pod", "uid")
     j = Journal(str(workdir / "state"))

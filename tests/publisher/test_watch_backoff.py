@@ -1,11 +1,11 @@
 """The publisher's list-and-watch loop and API client after an API server restart, at 5,000 nodes.
 
-The real `follow()` (publisher/listwatch.py) runs against a stand-in API whose
+The real `follow()` (publisher/kube/listwatch.py) runs against a stand-in API whose
 behaviour is scripted per test; time is simulated (`SimTime`: the loop's
 backoff waits move a simulated clock instead of sleeping), so each test reads
 minutes of a node's life in milliseconds and asserts what the API server would
 see: how many LISTs and WATCHes a node sends per minute, and when. The API
-client's parts (publisher/kube.py, publisher/ratelimit.py) are the real ones;
+client's parts (publisher/kube/calls.py, publisher/kube/ratelimit.py) are the real ones;
 only the HTTP layer under them is a stand-in (`FakeHttp`), because a real
 kube-apiserver cannot be made to answer 429 with a chosen Retry-After.
 """
@@ -19,9 +19,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from publisher.kube import Kube, TransientError
-from publisher.listwatch import follow
-from publisher.ratelimit import TokenBucket
+from publisher.kube.calls import Kube, TransientError
+from publisher.kube.listwatch import follow
+from publisher.kube.ratelimit import TokenBucket
 
 RTT = 0.01  # simulated seconds one request takes
 
@@ -245,7 +245,7 @@ def test_the_real_client_carries_a_429s_retry_after_to_the_error(tmp_path):
     import ssl
     import subprocess
 
-    from publisher.apiclient import ApiClient, Endpoint
+    from publisher.kube.apiclient import ApiClient, Endpoint
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
@@ -284,7 +284,7 @@ def test_the_real_client_carries_a_429s_retry_after_to_the_error(tmp_path):
 
 
 def dirty_claim_service(tmp_path: Path, answer: Callable[[int, str], FakeAnswer]) -> Any:
-    from publisher.metrics import Metrics
+    from publisher.observe.metrics import Metrics
     from publisher.service import Service, Settings
 
     kube = Kube(FakeHttp(answer, lambda: 0.0))

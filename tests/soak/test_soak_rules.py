@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
 
 from benchlib.soak_checks import (  # noqa: E402
-    Counters, FaultWindow, Persistence, Sample, flatness, readiness_verdict, spool_share)
+    CLAIMED, Counters, FaultWindow, Look, NetnsView, Persistence, Sample, Sandbox, flatness, own_sandbox_problems,
+    readiness_verdict, spool_share)
 
 
 def test_a_bad_condition_is_a_violation_only_after_its_grace_past_the_last_fault() -> None:
@@ -88,6 +89,22 @@ def test_readiness_after_a_fault_needs_a_ready_sample_within_the_grace() -> None
     late = [Sample(104, 1, "ready"), Sample(125, 1, "ready")]
     verdict = readiness_verdict(fault, late, 2, blocked=True)
     assert not verdict["ok_during"] and not verdict["ok_after"]
+
+
+def test_a_sandbox_created_while_the_runtime_ran_no_netclaim_is_not_judged_but_one_after_is() -> None:
+    pod = {"metadata": {"namespace": "soak", "name": "net-1", "uid": "u1", "labels": {"soak": CLAIMED}},
+           "status": {"phase": "Running", "resourceClaimStatuses": [{"resourceClaimName": "net-1-net"}]}}
+    claim = {"metadata": {"namespace": "soak", "name": "net-1-net", "uid": "c1"}, "status": {}}
+    views = {"sb1": NetnsView(["10.0.0.5/24"], "aa:bb:cc:dd:ee:ff")}
+
+    def look(created: float) -> Look:
+        return Look(at=200.0, pods=[pod], claims=[claim],
+                    sandboxes={"sb1": Sandbox("sb1", "u1", "soak/net-1", CLAIMED, True, created)})
+
+    unchained = [(100.0, 104.5)]  # a conflist rewrite until containerd loaded the re-chained file
+    assert own_sandbox_problems(look(103.0), "drv", views, unchained) == {}
+    assert list(own_sandbox_problems(look(104.6), "drv", views, unchained)) == [("u1", "sb1")]
+    assert list(own_sandbox_problems(look(103.0), "drv", views)) == [("u1", "sb1")]
 
 
 def test_the_clock_shim_shifts_only_the_wall_clock_of_its_process(tmp_path: Path) -> None:
