@@ -245,6 +245,7 @@ class Service:
         try:
             self.rules.process(pending)
             self.health.clear("journal")  # the event's outcome was committed: the journal works
+            self.live_watch.attachments_changed()
         except TransientError:
             self._reschedule(pending, 1.0, "API unavailable")
         except (sqlite3.Error, OSError) as exc:  # the journal failing: the event must not be lost

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SUITES = ("plugin", "publisher", "e2e", "scale", "cluster", "soak", "watches", "report")
+SUITES = ("plugin", "publisher", "e2e", "scale", "cluster", "soak", "watches", "live", "report")
 
 
 def main(argv: list[str] | None = None) -> int:

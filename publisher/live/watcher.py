@@ -100,6 +100,22 @@ class LiveWatch:
         self.held: dict[tuple[str, str], float] = {}  # attachment -> end of its hold after a write
         self.unopenable: dict[str, float] = {}  # netns path -> when to try opening it again
         self._selector: selectors.BaseSelector | None = None
+        # Attachments committed since the last sync: asked counts calls, synced the count the last sync began at.
+        self._asked = 0
+        self._synced = 0
+        self._wakeup: tuple[int, int] | None = None  # a pipe that ends the loop's wait when attachments change
+
+    def attachments_changed(self) -> None:
+        """An event was committed: sync now rather than at the next interval (called by the workers).
+
+        Until that sync has run the watch counts as busy, so a publisher is not called quiet
+        while a new attachment's interface has not been looked at."""
+        self._asked += 1
+        if self._wakeup is not None:
+            try:
+                os.write(self._wakeup[1], b"\0")
+            except (BlockingIOError, OSError):  # full: a wakeup is pending anyway; closed: stopping
+                pass
 
     # ------------------------------------------------------------ the loop
 
@@ -112,6 +128,8 @@ class LiveWatch:
             self.stopping.wait()
             return
         self._selector = selectors.DefaultSelector()
+        self._wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wakeup[0], selectors.EVENT_READ, None)
         try:
             self._loop()
         finally:
@@ -124,12 +142,16 @@ class LiveWatch:
             now = time.monotonic()
             wake = min([next_sync, *self.due.values(), *self.pending.values()])
             for key, _mask in self._selector.select(max(0.0, min(wake - now, self.settings.sync_interval))):
+                if key.data is None:  # attachments_changed(): drained here, synced below
+                    self._drain_wakeup()
+                    next_sync = 0.0
+                    continue
                 space = self.spaces.get(key.data)
                 if space is not None and space.drain():
                     self.due[key.data] = min(self.due.get(key.data, float("inf")),
                                              time.monotonic() + self.settings.settle)
             now = time.monotonic()
-            if now >= next_sync:
+            if now >= next_sync or self._asked != self._synced:
                 self.sync(now)
                 next_sync = now + self.settings.sync_interval
             for path in [p for p, t in self.due.items() if t <= now]:
@@ -139,17 +161,30 @@ class LiveWatch:
                 self.pending.pop(key, None)
                 self._write(key)
 
+    def _drain_wakeup(self) -> None:
+        assert self._wakeup is not None
+        try:
+            while os.read(self._wakeup[0], 512):
+                pass
+        except BlockingIOError:
+            pass
+
     def close(self) -> None:
         for path in list(self.spaces):
             self._close_space(path)
         if self._selector is not None:
             self._selector.close()
             self._selector = None
+        if self._wakeup is not None:
+            wakeup, self._wakeup = self._wakeup, None
+            for fd in wakeup:
+                os.close(fd)
 
     # ------------------------------------------------------------ which netns are watched
 
     def sync(self, now: float) -> None:
         """Follow the journal's attachments; close every sandbox whose netns is gone."""
+        asked = self._asked
         current = {w.key: w for w in watched_rows(self.journal)}
         for key in [k for k in self.watch if current.get(k) != self.watch[k]]:
             self._unwatch(key)
@@ -160,6 +195,7 @@ class LiveWatch:
             self._vanished(path)
         self.metrics.live_watched.set(len(self.watch))
         self.metrics.live_namespaces.set(len(self.spaces))
+        self._synced = asked
 
     def _watch(self, row: Watched, now: float) -> None:
         path = row.netns
@@ -300,7 +336,8 @@ class LiveWatch:
 
     def busy(self) -> int:
         """Interface reads and writes still to do: a quiet publisher has none (status `quiescent`)."""
-        return len(self.due) + len(self.pending)
+        unsynced = 1 if not self.disabled and self._asked != self._synced else 0
+        return len(self.due) + len(self.pending) + unsynced
 
     def state(self) -> dict[str, Any]:
         """For `status` and readiness: is the watch on, and how much does it hold."""

@@ -11,6 +11,8 @@ Every expectation about addresses is read from the pod's own netns.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -123,6 +125,86 @@ def test_the_entry_follows_the_pods_interface_after_the_add(real_cluster: RealCl
     in_pod_netns(real_cluster, ns, "live", "addr", "del", extra, "dev", "eth0")
     entry_where(real_cluster, ns, claim, f"{extra} gone from networkData",
                 lambda e: e["networkData"].get("ips") == first["networkData"]["ips"] and ready_status(e) == "True")
+
+
+def netns_inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def holders_of(inode: int) -> dict[int, str]:
+    """Every process (pid -> command) that is in, or holds a descriptor of, the network namespace `inode`."""
+    out: dict[int, str] = {}
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            spaces = {os.stat(f"/proc/{pid}/task/{t}/ns/net").st_ino for t in os.listdir(f"/proc/{pid}/task")}
+            fds = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            if inode in spaces or f"net:[{inode}]" in fds:
+                out[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:  # gone meanwhile
+            continue
+    return out
+
+
+def netlink_sockets_in(netns: str) -> set[int]:
+    """The inodes of every netlink socket made inside the network namespace at `netns`."""
+    out = subprocess.run(["nsenter", f"--net={netns}", "cat", "/proc/net/netlink"], capture_output=True, text=True,
+                         check=True).stdout
+    return {int(line.split()[-1]) for line in out.splitlines()[1:] if line.strip()}
+
+
+def sockets_of(pid: int) -> set[int]:
+    """The socket inodes process `pid` holds open."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(int(target[len("socket:["):-1]))
+    return out
+
+
+def host_link_exists(ifindex: int) -> bool:
+    links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True, check=True).stdout)
+    return any(link["ifindex"] == ifindex for link in links)
+
+
+def test_a_sandbox_lost_without_del_is_let_go_and_its_entry_removed(real_cluster: RealCluster, ns: str) -> None:
+    """The runtime loses a sandbox without a CNI DEL: its processes are killed and its netns unmounted (the
+    kubelet stopped, so nothing sends a DEL or starts a new sandbox meanwhile). The publisher, which watched
+    that netns, must not keep it alive: the namespace is freed (its veth's host end disappears with it), and
+    the dead sandbox's entry is removed from the claim."""
+    real_cluster.claim_template(ns)
+    real_cluster.pod(ns, "lost", template="net")
+    real_cluster.wait_running(ns, "lost")
+    claim = real_cluster.pod_claim(ns, "lost")
+    assert_entry_is_the_pods(real_cluster, ns, "lost", claim)
+    path = real_cluster.netns(ns, "lost")
+    inode = netns_inode(path)
+    out = subprocess.run(["nsenter", f"--net={path}", "ip", "-j", "link", "show", "dev", "eth0"],
+                         capture_output=True, text=True, check=True).stdout
+    peer = json.loads(out)[0]["link_index"]  # the bridge plugin's veth: its host end
+    assert host_link_exists(peer)
+    publisher_pid = int((Path(real_cluster.dir) / "publisher.pid").read_text())
+    # The live watch holds the namespace the way anything can that keeps a socket made inside it.
+    wait_until(lambda: sockets_of(publisher_pid) & netlink_sockets_in(path),
+               "the publisher's live watch to hold netlink sockets in the pod's netns", timeout=30)
+    real_cluster.sh("kubelet-stop")
+    try:
+        for pid in set(holders_of(inode)) - {publisher_pid}:  # its watch thread enters a netns only to open
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not set(holders_of(inode)) - {publisher_pid}, "the sandbox's processes to be gone",
+                   timeout=30)
+        subprocess.run(["umount", path], check=True)
+        os.unlink(path)
+        try:
+            wait_until(lambda: not host_link_exists(peer), f"the netns freed (host veth {peer} gone)", timeout=60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the netns is still held by {holders_of(inode)}") from None
+        entry_gone(real_cluster, ns, claim)
+    finally:
+        real_cluster.sh("kubelet-start")
 
 
 @pytest.mark.parametrize("component", ["kubelet", "containerd"])
