@@ -1,4 +1,4 @@
-"""Issue 18 item 1 in a real node: other CNI installers side by side with the chain keeper, for minutes.
+"""In a real node: other CNI installers side by side with the chain keeper, for minutes.
 
 Each test runs one real installer behaviour (tests/chain_writers.py) against
 `netclaim-publisher chain-keeper` in the conf dir that this node's containerd

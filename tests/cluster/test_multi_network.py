@@ -1,4 +1,4 @@
-"""Issue 17 items 3 and 4 in a real node: containerd's own multi-network (no Multus), and dual-stack.
+"""In a real node: containerd's own multi-network (no Multus), and dual-stack.
 
 One cluster for this module (`scripts/cluster.sh up --networks 2 --dual-stack`): containerd's
 CRI reads the first two conflists of its conf dir (max_conf_num 2) and gives every pod eth0

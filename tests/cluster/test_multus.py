@@ -1,4 +1,4 @@
-"""Pods with several networks on the real node, Multus as its primary CNI (issue 17, items 1, 2 and 6).
+"""Pods with several networks on the real node, Multus as its primary CNI.
 
 One cluster for the module (`scripts/cluster.sh up --with-multus`): the real
 Multus thin plugin (built from its source snapshot) delegates eth0 to the

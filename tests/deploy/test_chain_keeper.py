@@ -214,7 +214,7 @@ def test_uninstall_puts_the_node_back_byte_for_byte(node: Node, keeper, plugin_b
     assert list(node.spool.parent.iterdir()) == []  # spool and journal gone
 
 
-# ---------------------------------------------------------------- issue 18: fights, races, .conf primaries
+# ---------------------------------------------------------------- fights, races, .conf primaries
 
 METRICS = "--metrics-address=127.0.0.1:0"
 

@@ -163,7 +163,7 @@ NON_DEFAULT = ("nameOverride=nc", "commonLabels.team=net", "podLabels.tier=node"
 
 
 @pytest.mark.controlplane
-@pytest.mark.parametrize("values", [(), NON_DEFAULT], ids=["defaults", "issue18_item7_non_default"])
+@pytest.mark.parametrize("values", [(), NON_DEFAULT], ids=["defaults", "every_value_set"])
 def test_rendered_objects_pass_server_side_dry_run(api_client, values: tuple[str, ...]) -> None:
     ns = f"ncchart-{uuid.uuid4().hex[:6]}"
     docs = render("namespace.create=true", *values, release="netclaim", namespace=ns)
@@ -211,7 +211,7 @@ def test_helm_install_and_uninstall_against_the_real_api_server(control_plane, a
     client.CoreV1Api(api_client).delete_namespace(ns)
 
 
-# ---------------------------------------------------------------- issue 18 item 7: chart parity
+# ---------------------------------------------------------------- chart parity
 
 
 def pod_spec(docs: list[dict]) -> dict:

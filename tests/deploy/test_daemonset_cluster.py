@@ -122,7 +122,7 @@ def helm_values(files: NodeFiles, cluster: RealCluster, tag: str, port: int) -> 
         "cni.confDir": str(files.conf), "cni.binDir": str(files.bin), "cni.pollInterval": "0.5",
         "hostPaths.run": str(files.run), "hostPaths.state": str(files.state), "metrics.port": str(port),
         "priorityClassName": "",
-        # Non-default values of the chart's parity set (issue 18 item 7), checked on the installed pod.
+        # Non-default values of the chart's parity set, checked on the installed pod.
         "commonLabels.netclaim-test": "cluster", "podLabels.tier": "node", "updateStrategy.maxUnavailable": "50%",
         "serviceAccount.annotations.owner": "net",
         # No kube-proxy here: the API server as the node sees it.
@@ -225,7 +225,7 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
         assert not d.exists() or list(d.iterdir()) == [], sorted(d.iterdir())
 
 
-# ---------------------------------------------------------------- issue 18 item 3: uninstall only on proof
+# ---------------------------------------------------------------- uninstall only on proof
 
 
 class ChainWatch:

@@ -12,7 +12,7 @@ minting a token bound to a new Pod and deleting the old one (the old token
 then gets 401).
 
 `Model` is what the node did, in the order it did it; `expected_devices` is the
-invariant of issue 9: a claim's netclaim entries are exactly the attachments
+invariant: a claim's netclaim entries are exactly the attachments
 the publisher was told about (ADD not followed by a DEL or a GC that did not list
 it), on devices allocated to this node, whose pod exists and is in the claim's
 reservedFor, with the data of the latest sandbox of that pod.
@@ -431,7 +431,7 @@ class Model:
         return self.seq
 
     def expected_devices(self, claim: str) -> dict[str, dict[str, Any]]:
-        """device -> the entry netclaim must have on it (the invariant of issue 9)."""
+        """device -> the entry netclaim must have on it (the invariant)."""
         c = self.claims[claim]
         if not c.device or c.node != NODE:
             return {}

@@ -1,4 +1,4 @@
-"""Model-based test of issue 9: the right claim status under every ordering a node produces.
+"""Model-based test: the right claim status under every ordering a node produces.
 
 A hypothesis RuleBasedStateMachine drives the real node parts (see modelkit.py):
 ADD, DEL, CHECK and GC through the real plugin for 3 pods and 2 claims, each

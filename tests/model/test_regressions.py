@@ -1,7 +1,7 @@
 """Explicit step lists replayed on the real stack, checked against the same model.
 
 Two kinds:
-- one named test per defect of issue 9 that the model covers (items 1-4, and the
+- one named test per ordering defect the model covers (and the
   outage/restart paths the invariant depends on);
 - every sequence the model test ever failed on (FOUND), pasted from hypothesis's
   printed steps (`state.add(pick=0, channel='spool')` -> ("add", {"pick": 0, ...})).
@@ -30,28 +30,28 @@ def begin(heavy: bool = False) -> tuple[str, dict[str, Any]]:
     return ("begin", {"heavy": heavy})
 
 
-# ---------------------------------------------------------------- issue 9, one test per defect
+# ---------------------------------------------------------------- one test per ordering defect
 
 
-def test_defect1_a_gc_spares_sandboxes_added_after_it(harness: Harness) -> None:
+def test_a_gc_spares_sandboxes_added_after_it(harness: Harness) -> None:
     """A GC spooled (socket unreachable) before a later ADD must not remove that ADD."""
     replay(harness, [begin(), ("gc", {"network": 0, "channel": "spool"}),
                      ("add", {"pick": 0, "channel": "socket"})])
 
 
-def test_defect1_a_gc_during_publisher_restart_spares_new_pods(harness: Harness) -> None:
+def test_a_gc_during_publisher_restart_spares_new_pods(harness: Harness) -> None:
     """Node reboot: the runtime GCs while the publisher is down, then kubelet starts pods."""
     replay(harness, [begin(), ("kill_publisher", {}),
                      ("gc", {"network": 0, "channel": "socket"}), ("start_publisher", {}),
                      ("add", {"pick": 0, "channel": "socket"})])
 
 
-def test_defect2_a_spooled_add_does_not_outlive_its_del(harness: Harness) -> None:
+def test_a_spooled_add_does_not_outlive_its_del(harness: Harness) -> None:
     replay(harness, [begin(), ("add", {"pick": 0, "channel": "spool"}),
                      ("delete", {"pick": 0, "channel": "socket"})])
 
 
-def test_defect3_a_lost_del_does_not_block_the_next_pod(harness: Harness) -> None:
+def test_a_lost_del_does_not_block_the_next_pod(harness: Harness) -> None:
     """p0's DEL is lost; the claim moves to p2, whose sandbox must be published (not p0's)."""
     replay(harness, [begin(), ("add", {"pick": 0, "channel": "socket"}),
                      ("delete", {"pick": 0, "channel": "lost"}),
@@ -59,17 +59,17 @@ def test_defect3_a_lost_del_does_not_block_the_next_pod(harness: Harness) -> Non
                      ("new_sandbox", {"slot": 2}), ("add", {"pick": 3, "channel": "socket"})])
 
 
-def test_defect3_a_lost_del_is_dropped_when_the_pod_is_deleted(harness: Harness) -> None:
+def test_a_lost_del_is_dropped_when_the_pod_is_deleted(harness: Harness) -> None:
     replay(harness, [begin(), ("add", {"pick": 0, "channel": "socket"}),
                      ("delete", {"pick": 0, "channel": "lost"}), ("delete_pod", {"slot": 0})])
 
 
-def test_defect3_deallocation_removes_the_entry(harness: Harness) -> None:
+def test_deallocation_removes_the_entry(harness: Harness) -> None:
     replay(harness, [begin(), ("add", {"pick": 0, "channel": "socket"}),
                      ("allocate", {"claim": "ca", "slot": None, "device": "dev0", "node": NODE})])
 
 
-def test_defect4_a_rotated_token_is_reread_after_401(harness: Harness) -> None:
+def test_a_rotated_token_is_reread_after_401(harness: Harness) -> None:
     """The old token is refused by the server before the ADD: the publisher must re-read its tokenFile."""
     replay(harness, [begin(True), ("rotate_token", {}),
                      ("add", {"pick": 0, "channel": "socket"})])

@@ -39,12 +39,12 @@ def prev_result(routes: int = 0, **extra: object) -> dict:
 
 
 def add(exe: str, dirs: Dirs, prev: dict, **extra: object) -> tuple[int, str, str]:
-    conf = dirs.conf(cniVersion="1.0.0", name="issue16-net", prevResult=prev, **extra)
+    conf = dirs.conf(cniVersion="1.0.0", name="limits-net", prevResult=prev, **extra)
     return run_plugin(exe, "ADD", conf, netns="/run/netns/ncpl-none", args=POD_ARGS)
 
 
 def status(exe: str, dirs: Dirs, **extra: object) -> tuple[int, str, str]:
-    conf = dirs.conf(cniVersion="1.1.0", name="issue16-net", **{"failurePolicy": "Fail", **extra})
+    conf = dirs.conf(cniVersion="1.1.0", name="limits-net", **{"failurePolicy": "Fail", **extra})
     return run_plugin(exe, "STATUS", conf, container_id="", ifname="")
 
 
@@ -190,7 +190,7 @@ def test_event_just_under_the_cap_is_still_handed_off(plugin_exe: str, dirs: Dir
 def test_stdin_is_read_bounded(plugin_exe: str, dirs: Dirs) -> None:
     from cni_plugin.config import MAX_STDIN_BYTES
 
-    conf = dirs.conf(cniVersion="1.0.0", name="issue16-net", prevResult=prev_result(),
+    conf = dirs.conf(cniVersion="1.0.0", name="limits-net", prevResult=prev_result(),
                      padding="p" * (MAX_STDIN_BYTES + 10))
     for command in ("ADD", "DEL"):
         rc, out, err = run_plugin(plugin_exe, command, conf, netns="/run/netns/ncpl-none", args=POD_ARGS)
@@ -210,7 +210,7 @@ def test_deep_prev_result_is_refused_with_code_6(plugin_exe: str, dirs: Dirs) ->
         assert error["code"] == 6 and "nested more than 64" in error["msg"], error
     assert leftovers(dirs.spool) == [], "never handed off"
     # DEL still cleans up: the too-deep prevResult alone is dropped (the chain must not block).
-    conf = dirs.conf(cniVersion="1.0.0", name="issue16-net", prevResult=prev)
+    conf = dirs.conf(cniVersion="1.0.0", name="limits-net", prevResult=prev)
     rc, out, err = run_plugin(plugin_exe, "DEL", conf, netns="/run/netns/ncpl-none", args=POD_ARGS)
     assert (rc, out) == (0, ""), err
     (event,) = dirs.spooled()

@@ -28,7 +28,7 @@ _PRIVATE_VAR_LOG = r"""
 import json, os, subprocess, sys
 exe, conf, env, scratch = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 subprocess.run(["mount", "--make-rprivate", "/"], check=True)
-subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "nc-issue18", "/var/log"], check=True)
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "nc-logtest", "/var/log"], check=True)
 env["HOME"] = scratch
 proc = subprocess.run([exe], input=conf.encode(), env=env, cwd=scratch, capture_output=True, timeout=60)
 found = [os.path.join(d, f) for top in ("/var/log", scratch) for d, _, fs in os.walk(top) for f in fs]
@@ -53,7 +53,7 @@ def run_with_private_var_log(exe: str, conf: dict) -> dict:
 @pytest.mark.parametrize("how", ["empty string", "absent"])
 def test_plugin_log_file_empty_writes_no_file(plugin_exe: str, dirs: Dirs, how: str) -> None:
     """The chart's `cni.pluginLogFile: ""` (which the chain keeper leaves out of the entry) means no file."""
-    conf = dirs.conf(cniVersion="1.0.0", name="issue18-net", prevResult=prev_result())
+    conf = dirs.conf(cniVersion="1.0.0", name="log-net", prevResult=prev_result())
     if how == "absent":
         del conf["logFile"]
     else:
@@ -79,7 +79,7 @@ def _adds(exe: str, dirs: Dirs, ids: list[str]) -> None:
     """ADDs for these container ids, all started at once (concurrent plugin runs)."""
     env_base = {"CNI_COMMAND": "ADD", "CNI_NETNS": "/run/netns/ncpl-none", "CNI_IFNAME": "eth0",
                 "CNI_PATH": str(CNI_BIN), "CNI_ARGS": POD_ARGS, "PATH": os.environ.get("PATH", "")}
-    conf = json.dumps(dirs.conf(cniVersion="1.0.0", name="issue18-net", prevResult=prev_result())).encode()
+    conf = json.dumps(dirs.conf(cniVersion="1.0.0", name="log-net", prevResult=prev_result())).encode()
     procs = [subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env={**env_base, "CNI_CONTAINERID": cid}) for cid in ids]
     for proc in procs:
@@ -115,10 +115,10 @@ def test_plugin_log_rotates_at_the_cap_under_concurrent_runs(plugin_exe: str, di
 
 
 def test_a_small_log_is_appended_to_not_rotated(plugin_exe: str, dirs: Dirs) -> None:
-    rc, _, err = run_plugin(plugin_exe, "ADD", dirs.conf(cniVersion="1.0.0", name="issue18-net", prevResult=prev_result()),
+    rc, _, err = run_plugin(plugin_exe, "ADD", dirs.conf(cniVersion="1.0.0", name="log-net", prevResult=prev_result()),
                             netns="/run/netns/ncpl-none", args=POD_ARGS)
     assert rc == 0, err
-    rc, _, err = run_plugin(plugin_exe, "ADD", dirs.conf(cniVersion="1.0.0", name="issue18-net", prevResult=prev_result()),
+    rc, _, err = run_plugin(plugin_exe, "ADD", dirs.conf(cniVersion="1.0.0", name="log-net", prevResult=prev_result()),
                             netns="/run/netns/ncpl-none", args=POD_ARGS, container_id="ctr2")
     assert rc == 0, err
     assert not Path(dirs.log + ".1").exists()

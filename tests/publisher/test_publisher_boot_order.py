@@ -1,4 +1,4 @@
-"""Issue 16 item 2 at the unit level: the boot order (publisher/journal/order.py) on a real journal file.
+"""The boot order at the unit level (publisher/journal/order.py) on a real journal file.
 
 Stamps of different boots are ranked by the sequence in which the journal first saw
 the boots, the current boot above all others, whatever the wall clocks say.

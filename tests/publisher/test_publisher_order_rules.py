@@ -1,4 +1,4 @@
-"""The ordering rules of issue 9 on a real journal file: stamps, tombstones, GC fences, bounds."""
+"""The ordering rules on a real journal file: stamps, tombstones, GC fences, bounds."""
 
 from __future__ import annotations
 

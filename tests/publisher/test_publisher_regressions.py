@@ -1,4 +1,4 @@
-"""Regression tests, one or more per numbered defect of issue 9, on the real kube-apiserver.
+"""Regression tests, one or more per ordering defect a review found, on the real kube-apiserver.
 
 Each drives the real `netclaim-publisher run` through its public interfaces
 (socket, spool dir, CLI flags, status) and the real plugin binary where the
@@ -46,7 +46,7 @@ def gc_conf(plugin: Plugin, keep: list[str]) -> dict:
 # ---------------------------------------------------------------- defect 1: GC and later sandboxes
 
 
-def test_defect1_late_gc_spares_sandboxes_added_after_it(cluster: Cluster, publisher_factory, workdir):
+def test_late_gc_spares_sandboxes_added_after_it(cluster: Cluster, publisher_factory, workdir):
     publisher = publisher_factory(extra=FAST)
     plugin = Plugin(publisher.socket, publisher.spool, workdir)
     old_claim, old_uid = cluster.pod_with_claim("old", [("nic", "nic0")])
@@ -76,7 +76,7 @@ def test_defect1_late_gc_spares_sandboxes_added_after_it(cluster: Cluster, publi
 # ---------------------------------------------------------------- defect 2: spooled ADD vs its DEL
 
 
-def test_defect2_spooled_add_does_not_outlive_its_del(cluster: Cluster, publisher_factory, workdir):
+def test_spooled_add_does_not_outlive_its_del(cluster: Cluster, publisher_factory, workdir):
     publisher = publisher_factory(extra=["--spool-interval", "3600"])  # the spool is read only at start
     claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
     pod, cid = PodRef(cluster.namespace, "web", uid), "c" + suffix()
@@ -105,7 +105,7 @@ def drained_ignoring_spool(publisher: Publisher, timeout: float = 30.0) -> None:
     raise AssertionError(f"not drained: {publisher.status()}")
 
 
-def test_defect2_del_retires_an_add_backing_off(cluster: Cluster, publisher, plugin):
+def test_del_retires_an_add_backing_off(cluster: Cluster, publisher, plugin):
     """An ADD waiting for its claim's allocation must not hold up (or outlive) its DEL."""
     claim = "late-net"
     cluster.claim(claim)
@@ -121,7 +121,7 @@ def test_defect2_del_retires_an_add_backing_off(cluster: Cluster, publisher, plu
     assert cluster.devices(claim) == []
 
 
-def test_defect2_check_after_del_does_not_bring_the_attachment_back(cluster: Cluster, publisher, plugin):
+def test_check_after_del_does_not_bring_the_attachment_back(cluster: Cluster, publisher, plugin):
     claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
     pod, cid = PodRef(cluster.namespace, "web", uid), "c" + suffix()
     add(plugin, cid, pod)
@@ -136,7 +136,7 @@ def test_defect2_check_after_del_does_not_bring_the_attachment_back(cluster: Clu
 # ---------------------------------------------------------------- defect 3: stale attachments
 
 
-def test_defect3_lost_del_does_not_block_the_next_pod(cluster: Cluster, publisher_factory, workdir):
+def test_lost_del_does_not_block_the_next_pod(cluster: Cluster, publisher_factory, workdir):
     publisher = publisher_factory(extra=FAST)
     plugin = Plugin(publisher.socket, publisher.spool, workdir)
     claim, uid_a = cluster.pod_with_claim("a", [("nic", "nic0")])
@@ -177,7 +177,7 @@ def test_model_f3_reallocation_to_the_same_pod_on_another_device_republishes(clu
     assert by_container(devices) == {cid} and devices[0]["conditions"][0]["status"] == "True"
 
 
-def test_defect3_unreserved_pod_is_removed_by_resync(cluster: Cluster, publisher_factory, workdir):
+def test_unreserved_pod_is_removed_by_resync(cluster: Cluster, publisher_factory, workdir):
     publisher = publisher_factory(extra=FAST)
     plugin = Plugin(publisher.socket, publisher.spool, workdir)
     claim, uid = cluster.pod_with_claim("a", [("nic", "nic0")])
@@ -210,7 +210,7 @@ def start_unready(publisher: Publisher) -> None:
         time.sleep(0.1)
 
 
-def test_defect4_expired_token_drops_nothing_and_a_rotated_one_is_used(cluster: Cluster, control_plane,
+def test_expired_token_drops_nothing_and_a_rotated_one_is_used(cluster: Cluster, control_plane,
                                                                        publisher_factory, workdir):
     token_file = workdir / "token"
     token_file.write_text("expired-token\n")
@@ -265,7 +265,7 @@ def test_model_f2_a_403_is_retried_never_dropped(cluster: Cluster, control_plane
 # ---------------------------------------------------------------- defect 5: workers and backoff
 
 
-def test_defect5_failed_resync_backs_off(cluster: Cluster, publisher_factory, workdir, control_plane):
+def test_failed_resync_backs_off(cluster: Cluster, publisher_factory, workdir, control_plane):
     publisher = publisher_factory(extra=["--resync-interval", "0.2", "--spool-interval", "0.2"])
     plugin = Plugin(publisher.socket, publisher.spool, workdir)
     claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
@@ -290,7 +290,7 @@ def test_defect5_failed_resync_backs_off(cluster: Cluster, publisher_factory, wo
 # ---------------------------------------------------------------- defect 6: allocation shapes
 
 
-def test_defect6_shared_device_shows_the_latest_sandbox(cluster: Cluster, publisher, plugin):
+def test_shared_device_shows_the_latest_sandbox(cluster: Cluster, publisher, plugin):
     claim = "shared"
     cluster.claim(claim)
     uid1, uid2 = cluster.pod("p1", [claim]), cluster.pod("p2", [claim])
@@ -308,7 +308,7 @@ def test_defect6_shared_device_shows_the_latest_sandbox(cluster: Cluster, publis
     cluster.wait_devices(claim, lambda d: by_container(d) == {c1})  # the other pod's sandbox again
 
 
-def test_defect6_claim_of_another_node_does_not_hide_ours(cluster: Cluster, publisher, plugin):
+def test_claim_of_another_node_does_not_hide_ours(cluster: Cluster, publisher, plugin):
     cluster.claim("far")
     cluster.claim("near")
     uid = cluster.pod("web", ["far", "near"])
@@ -319,7 +319,7 @@ def test_defect6_claim_of_another_node_does_not_hide_ours(cluster: Cluster, publ
     assert devices[0]["device"] == "nic1" and cluster.devices("far") == []
 
 
-def test_defect6_several_devices_for_one_request(cluster: Cluster, publisher, plugin):
+def test_several_devices_for_one_request(cluster: Cluster, publisher, plugin):
     """Two devices for request `nic`: the first interface takes one (ambiguous at first: a
     Warning, retried), the slice names them; the second interface takes the other."""
     claim, uid = cluster.pod_with_claim("multi", [("nic", "nic0"), ("nic", "nic1")])
@@ -341,7 +341,7 @@ def test_defect6_several_devices_for_one_request(cluster: Cluster, publisher, pl
         cluster.resource.delete_resource_slice(slice_body["metadata"]["name"])
 
 
-def test_defect6_extended_resource_claim_is_found(cluster: Cluster, publisher, plugin):
+def test_extended_resource_claim_is_found(cluster: Cluster, publisher, plugin):
     claim = "ext-claim"
     cluster.claim(claim)
     uid = cluster.core.create_namespaced_pod(cluster.namespace, {
@@ -357,7 +357,7 @@ def test_defect6_extended_resource_claim_is_found(cluster: Cluster, publisher, p
     cluster.wait_devices(claim, lambda d: len(d) == 1)
 
 
-def test_defect6_ipv4_mapped_address_is_published_as_the_server_wants(cluster: Cluster, publisher, plugin):
+def test_ipv4_mapped_address_is_published_as_the_server_wants(cluster: Cluster, publisher, plugin):
     claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
     add(plugin, "c" + suffix(), PodRef(cluster.namespace, "web", uid),
         res={"ipv4": "010.77.0.5/24", "ipv6": "::ffff:10.77.0.6/120"})
@@ -365,7 +365,7 @@ def test_defect6_ipv4_mapped_address_is_published_as_the_server_wants(cluster: C
     assert devices[0]["networkData"]["ips"] == ["10.77.0.5/24", "10.77.0.6/24"]
 
 
-def test_defect6_attachment_moving_to_another_claim_leaves_nothing_behind(cluster: Cluster, publisher, plugin):
+def test_attachment_moving_to_another_claim_leaves_nothing_behind(cluster: Cluster, publisher, plugin):
     cluster.claim("first")
     cluster.claim("second")
     uid = cluster.pod("web", ["first", "second"])

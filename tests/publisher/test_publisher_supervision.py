@@ -1,4 +1,4 @@
-"""Defect 5 of issue 9 through the publisher's code: a failing journal or a crashing thread never
+"""Through the publisher's code: a failing journal or a crashing thread never
 takes a worker away for good, and /readyz says why while it lasts.
 
 A full disk cannot be produced safely on this shared machine, so the journal's
@@ -34,7 +34,7 @@ def wait(predicate, timeout: float = 20.0) -> None:
     raise AssertionError("condition never became true")
 
 
-def test_defect5_journal_write_error_keeps_the_worker_and_says_not_ready(service, monkeypatch):
+def test_journal_write_error_keeps_the_worker_and_says_not_ready(service, monkeypatch):
     service.start()
     wait(lambda: service.ready()[0])
     real_finish, real_reschedule = service.journal.finish, service.journal.reschedule
@@ -52,7 +52,7 @@ def test_defect5_journal_write_error_keeps_the_worker_and_says_not_ready(service
     assert workers and workers[0].is_alive()
 
 
-def test_defect5_crashed_thread_is_restarted_and_reported(service):
+def test_crashed_thread_is_restarted_and_reported(service):
     calls = []
     release = threading.Event()
 

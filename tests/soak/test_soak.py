@@ -1,4 +1,4 @@
-"""The node-life soak on a real cluster (issue 16): `scripts/bench.py soak`, every invariant a test.
+"""The node-life soak on a real cluster: `scripts/bench.py soak`, every invariant a test.
 
 The soak brings up its own scripts/cluster.sh cluster (NETCLAIM_SOAK_CLUSTER_DIR,
 default /tmp/nc-soak), scales Deployments of ordinary and claimed pods while it
