@@ -46,7 +46,8 @@ from publisher.reconcile.mapper import now_rfc3339
 @dataclass
 class LiveSettings:
     enabled: bool = True
-    sync_interval: float = 1.0  # seconds between journal syncs and netns liveness checks
+    sync_interval: float = 1.0  # seconds between netns liveness checks (a stat per watched netns)
+    journal_interval: float = 10.0  # seconds between full re-reads of the journal (committed events wake it at once)
     settle: float = 0.1  # seconds after a notification before the interface is read
     hold: float = 3.0  # seconds after a write before the same attachment is written again
     retry_unopenable: float = 30.0  # seconds before a netns path that could not be opened is tried again
@@ -103,6 +104,7 @@ class LiveWatch:
         # Attachments committed since the last sync: asked counts calls, synced the count the last sync began at.
         self._asked = 0
         self._synced = 0
+        self._next_journal_read = 0.0
         self._wakeup: tuple[int, int] | None = None  # a pipe that ends the loop's wait when attachments change
 
     def attachments_changed(self) -> None:
@@ -185,17 +187,25 @@ class LiveWatch:
     def sync(self, now: float) -> None:
         """Follow the journal's attachments; close every sandbox whose netns is gone."""
         asked = self._asked
+        if asked != self._synced or now >= self._next_journal_read:
+            self._next_journal_read = now + self.settings.journal_interval
+            self._follow_journal(now)
+        for path in [p for p, s in self.spaces.items() if s.vanished()]:
+            self._vanished(path)
+        self.metrics.live_watched.set(len(self.watch))
+        self.metrics.live_namespaces.set(len(self.spaces))
+        self._synced = asked
+
+    def _follow_journal(self, now: float) -> None:
+        """Watch what the journal holds now. Events that add or retire attachments wake this at once
+        (attachments_changed); what other paths retire (a claim gone, the boot rule) is let go
+        within journal_interval, and an observation of a retired row changes nothing meanwhile."""
         current = {w.key: w for w in watched_rows(self.journal)}
         for key in [k for k in self.watch if current.get(k) != self.watch[k]]:
             self._unwatch(key)
         for key, row in current.items():
             if key not in self.watch:
                 self._watch(row, now)
-        for path in [p for p, s in self.spaces.items() if s.vanished()]:
-            self._vanished(path)
-        self.metrics.live_watched.set(len(self.watch))
-        self.metrics.live_namespaces.set(len(self.spaces))
-        self._synced = asked
 
     def _watch(self, row: Watched, now: float) -> None:
         path = row.netns

@@ -99,6 +99,9 @@ class Sandbox:
         _ip("netns", "add", self.netns)
         _ip("link", "add", self.host, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         _ip("link", "set", self.host, "up")
+        # The kernel drops an interface's IPv6 addresses when it is set down (keep_addr_on_down=0), which
+        # the watch rightly shows as AddressLost after the "up"; the bench times down and up, so it keeps them.
+        _ip("netns", "exec", self.netns, "sysctl", "-qw", "net.ipv6.conf.eth0.keep_addr_on_down=1")
         v4, v6 = self.ips
         _ip("-n", self.netns, "-batch", "-", stdin=f"addr add {v4} dev eth0\naddr add {v6} dev eth0 nodad\n"
                                                   "link set eth0 up\nlink set lo up\n")
