@@ -103,6 +103,7 @@ class LiveWatch:
         self._selector: selectors.BaseSelector | None = None
         # Attachments committed since the last sync: asked counts calls, synced the count the last sync began at.
         self._asked = 0
+        self._asked_lock = threading.Lock()
         self._synced = 0
         self._next_journal_read = 0.0
         self._wakeup: tuple[int, int] | None = None  # a pipe that ends the loop's wait when attachments change
@@ -112,7 +113,8 @@ class LiveWatch:
 
         Until that sync has run the watch counts as busy, so a publisher is not called quiet
         while a new attachment's interface has not been looked at."""
-        self._asked += 1
+        with self._asked_lock:  # several workers call this: no increment may be lost
+            self._asked += 1
         if self._wakeup is not None:
             try:
                 os.write(self._wakeup[1], b"\0")
