@@ -123,15 +123,30 @@ class PodRef(_Record):
 
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+# A simulated reboot (tests only: a host cannot be rebooted under a test) names a file of its own here,
+# in the runtime's environment (every plugin run inherits it) and the publisher's. A container mounts a
+# fresh procfs, so the kernel's file cannot be bind-mounted over for a containerized publisher.
+_BOOT_ID_FILE_ENV = b"NETCLAIM_BOOT_ID_FILE"
 _BOOT_ID = []  # cached per process: [boot id] once read
+
+
+def _boot_id_path() -> str:
+    import posix  # built in: no `os` on the plugin's hot path
+
+    override = posix.environ.get(_BOOT_ID_FILE_ENV)
+    return override.decode(errors="surrogateescape") if override else _BOOT_ID_PATH
 
 
 def _boot_id() -> str:
     if not _BOOT_ID:
-        try:
-            with open(_BOOT_ID_PATH, "rb") as fh:
-                _BOOT_ID.append(fh.read().decode().strip())
-        except OSError:
+        for path in dict.fromkeys((_boot_id_path(), _BOOT_ID_PATH)):  # a simulated boot not begun yet: the kernel's
+            try:
+                with open(path, "rb") as fh:
+                    _BOOT_ID.append(fh.read().decode().strip())
+                break
+            except OSError:
+                continue
+        else:
             _BOOT_ID.append("")
     return _BOOT_ID[0]
 

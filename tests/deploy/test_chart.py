@@ -395,3 +395,12 @@ def test_probe_listeners_bind_the_node_address_only_when_asked_for_shared_loopba
     refused = helm("template", "netclaim", str(CHART), "--kube-version", kube_version(),
                    "--set", "metrics.probeHost=0.0.0.0", check=False)
     assert refused.returncode != 0 and "probeHost" in refused.stderr, refused.stderr
+
+
+def test_extra_env_reaches_the_publisher_and_the_chain_keeper_after_the_site_settings() -> None:
+    docs = render("extraEnv[0].name=HTTPS_PROXY", "extraEnv[0].value=http://proxy.internal:3128")
+    for name in ("publisher", "chain-keeper"):
+        env = containers(docs)[name]["env"]
+        assert env[-1] == {"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"}, name
+    for name, container in containers(render()).items():
+        assert all(e["name"] != "HTTPS_PROXY" for e in container.get("env", [])), name
