@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -223,6 +224,18 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
                         driver_names=driver_names, unchained_grace=unchained_grace,
                         durable_commits=durable, live_watch=live_watch)
+    done = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    tenure = take_state_dir(state_dir, socket_path, done)
+    if tenure is None:
+        log.info("publisher stopped while waiting for the previous one: nothing done")
+        return
     try:
         service = Service(settings, kube, metrics)
         server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
@@ -233,14 +246,6 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         raise config_error("cannot start", exc) from None
     service.health.checks.append(server.serving)
     metrics.watch_backlog(spool_dir, service.oldest_pending_age, service.intake.spooled_times)
-    done = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
-        done.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     for listener in (health, probes):
         if listener:
             listener.start()
@@ -259,7 +264,40 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     for listener in (health, probes):
         if listener:
             listener.stop()
+    tenure.release()
     log.info("publisher stopped")
+
+
+def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> Any:
+    """Wait until no other publisher runs on this state dir and socket; the held lock, or None if stopped.
+
+    Two publishers of a node overlap in a surge rollout (`maxSurge`): the new pod starts while the old
+    one still serves, and the old pod is deleted only once the new one is ready. The new publisher
+    waits here without touching the journal, the socket or the listeners (its probes reach the old
+    one's: the pods share the host's network) and takes over once the old one has stopped; plugins
+    spool meanwhile. The socket is checked too: a publisher of a release without this lock."""
+    from publisher import logs
+    from publisher.chain.nodelock import NodeLock
+    from publisher.intake.server import served
+
+    log = logs.get()
+    tenure = NodeLock(Path(state_dir), lock_name=".netclaim-publisher.lock", owner_name=".netclaim-publisher.owner")
+    told: list[bool] = []
+
+    def waiting() -> None:
+        if not told:
+            told.append(True)
+            log.info("waiting for the publisher already running on this node to stop (a rollout's previous pod?)",
+                     extra={"state_dir": state_dir, "socket": socket_path})
+
+    if not tenure.acquire(stop, on_wait=waiting):
+        return None
+    while served(socket_path):
+        waiting()
+        if stop.wait(0.1):
+            tenure.release()
+            return None
+    return tenure
 
 
 @cli.command("chain-keeper")

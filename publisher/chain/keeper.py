@@ -162,6 +162,9 @@ class ChainKeeper:
         self._warned: dict[str, float] = {}
         self._labels: set[str] = set()
         self.stop = threading.Event()
+        # A newer keeper claimed the node (publisher/chain/nodelock.py): this one steps down.
+        self.superseded: Callable[[], bool] = lambda: False
+        self.stepped_down = False
 
     def primary(self) -> Path | None:
         if self.cfg.conflist:
@@ -316,8 +319,15 @@ class ChainKeeper:
             self.log.warning("chain status", extra={"status": new.line()})
 
     def run(self) -> None:
-        """Reconcile every poll interval until `stop` is set."""
+        """Reconcile every poll interval until `stop` is set, or until a newer keeper claims the node.
+
+        The newer keeper is a surge rollout's new pod (its init container waits for the node lock):
+        two keepers must never both write the chain, and the old one's pod is only deleted once the
+        new one is ready, so the old one gives way."""
         while not self.stop.is_set():
+            if self.superseded():
+                self.stepped_down = True
+                return
             try:
                 self.reconcile()
             except OSError as exc:
@@ -511,7 +521,11 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     probes = start_health(reporting.probe_address, keeper, probes_only=True) if reporting.probe_address else None
     log.info("chain keeper started", extra={"conf_dir": str(cfg.conf_dir), "conflist": cfg.conflist or "(first)",
                                             "poll_interval": cfg.poll_interval})
+    if lock is not None:
+        keeper.superseded = lock.superseded
     keeper.run()
+    if keeper.stepped_down:
+        return step_down(keeper, lock, stop.event, (health, probes))
     log.info("chain keeper signalled: uninstall or upgrade?", extra={"signal": signalled[-1] if signalled else 0})
     # Positive evidence only (publisher/chain/ownerwatch.py): 'gone' cleans the node; 'present' and 'unknown' keep it.
     state = decide() if decide is not None else "unknown"
@@ -532,6 +546,22 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     for server in (health, probes):
         if server is not None:
             server.stop()
+    return 0
+
+
+def step_down(keeper: ChainKeeper, lock: NodeLock | None, stopped: threading.Event, servers: tuple[Any, ...]) -> int:
+    """A newer keeper claimed the node: let it have the lock and the listeners (the pods share the host's
+    network), touch nothing more, and wait for the end (this pod is deleted once the new one is ready)."""
+    log = logs.get()
+    log.info("a newer chain keeper claimed this node (a rollout's new pod): stepping down; the chain, plugin and "
+             "state are its now", extra={"lock": str(lock.path) if lock else ""})
+    for server in servers:
+        if server is not None:
+            server.stop()
+    if lock is not None:
+        lock.release()
+    stopped.wait()
+    log.info("chain keeper stopped after stepping down: nothing removed")
     return 0
 
 

@@ -18,6 +18,12 @@ container) too. Before the old keeper deletes anything it checks, under the
 lock, that the owner file still holds its own token: a newer claim means a
 newer install is taking the node, and everything is left to it.
 
+A keeper that sees a newer claim while it keeps the chain steps down
+(publisher/chain/keeper.py `step_down`): it releases the lock and touches
+nothing more. That is what a surge rollout needs: its new pod's init
+container claims the node while the old pod still runs, and the old pod is
+only deleted once the new one is ready.
+
 The lock file is removed by the cleanup that empties its dir, while still
 held; a waiter that then gets the lock on the removed file notices (the
 path no longer names the inode it locked) and takes the lock again on the
@@ -45,19 +51,22 @@ class LockBusy(Exception):
 
 
 class NodeLock:
-    """The keeper's lock on the node (LOCK_NAME) and its claim on it (OWNER_NAME), in `directory`."""
+    """The keeper's lock on the node (LOCK_NAME) and its claim on it (OWNER_NAME), in `directory`.
 
-    def __init__(self, directory: Path) -> None:
+    `lock_name`/`owner_name` give the same pair another use: the publisher's hold on its state
+    dir (publisher/cli.py), where the newest claimant also wins (a surge rollout's new pod)."""
+
+    def __init__(self, directory: Path, lock_name: str = LOCK_NAME, owner_name: str = OWNER_NAME) -> None:
         self.directory = directory
-        self.path = directory / LOCK_NAME
-        self.owner_path = directory / OWNER_NAME
+        self.path = directory / lock_name
+        self.owner_path = directory / owner_name
         self.token = secrets.token_hex(16)
         self.fd: int | None = None
 
     def claim(self) -> None:
         """Say that this process is the newest keeper of the node (before waiting for the lock)."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.directory / f"{OWNER_NAME}.{os.getpid()}.tmp"
+        tmp = self.directory / f"{self.owner_path.name}.{os.getpid()}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w") as fh:
@@ -126,4 +135,4 @@ class NodeLock:
 
     def names(self) -> frozenset[str]:
         """The lock's own files, which emptying its dir leaves to release()."""
-        return frozenset({LOCK_NAME, OWNER_NAME})
+        return frozenset({self.path.name, self.owner_path.name})

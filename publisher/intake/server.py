@@ -34,6 +34,20 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
     return _UCRED.unpack(raw)
 
 
+def served(path: str) -> bool:
+    """Whether a process accepts connections on the unix socket at `path` (a refused or absent one: no)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 class SocketServer:
     def __init__(
         self,
@@ -71,17 +85,9 @@ class SocketServer:
             return
         if not stat.S_ISSOCK(st.st_mode):
             raise RuntimeError(f"{self.path} exists and is not a socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(self.path)
-        except OSError as exc:
-            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-                raise
-            os.unlink(self.path)  # left over from a crashed publisher
-        else:
+        if served(self.path):
             raise RuntimeError(f"another publisher is serving {self.path}")
-        finally:
-            probe.close()
+        os.unlink(self.path)  # left over from a crashed publisher
 
     def start(self) -> None:
         self._prepare_path()

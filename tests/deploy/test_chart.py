@@ -404,3 +404,20 @@ def test_extra_env_reaches_the_publisher_and_the_chain_keeper_after_the_site_set
         assert env[-1] == {"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"}, name
     for name, container in containers(render()).items():
         assert all(e["name"] != "HTTPS_PROXY" for e in container.get("env", [])), name
+
+
+def test_a_surge_rollout_renders_and_impossible_strategies_are_refused() -> None:
+    docs = render("updateStrategy.maxSurge=1", "updateStrategy.maxUnavailable=0", "metrics.serviceMonitor.enabled=true")
+    surge = one(docs, "DaemonSet")
+    assert surge["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                               "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    # A hostNetwork pod's declared port is a host port the scheduler gives one pod only: none is declared,
+    # and the Service reaches the listeners by number.
+    assert [c.get("ports") for c in surge["spec"]["template"]["spec"]["containers"]] == [None, None]
+    assert [p["targetPort"] for p in one(docs, "Service")["spec"]["ports"]] == [9464, 9465]
+    with pytest.raises(AssertionError, match="values don't meet the specifications"):
+        render("updateStrategy.maxSurge=1", "updateStrategy.maxUnavailable=0", "metrics.podMonitor.enabled=true")
+    for bad in (("updateStrategy.maxUnavailable=0",), ("updateStrategy.maxSurge=1",),
+                ("updateStrategy.maxSurge=0%", "updateStrategy.maxUnavailable=0%")):
+        with pytest.raises(AssertionError, match="values don't meet the specifications"):
+            render(*bad)

@@ -224,3 +224,35 @@ def test_a_reinstall_during_the_uninstall_ends_chained_with_its_plugin_journal_a
         assert node.socket.exists() and node.journal.exists()
     finally:
         publisher.close()
+
+
+def test_a_rollouts_new_pod_takes_the_node_from_the_running_keeper_which_then_removes_nothing(
+        tmp_root: Path, plugin_binary: Path, control_plane: Any, api_client: client.ApiClient,
+        daemonset: str, reaper: list[subprocess.Popen[bytes]]) -> None:
+    """maxSurge: the new pod's init container must not wait for the old keeper (whose pod is deleted only once
+    the new one is ready); the old keeper steps down, and on its SIGTERM it removes nothing."""
+    node = NodeDirs(tmp_root)
+    (node.net_d / CONFLIST).write_text(json.dumps(PRIMARY, indent=1))
+    log_a = tmp_root / "keeper-a.log"
+    a_argv = keeper_argv(node, plugin_binary, f"--kubeconfig={control_plane.kubeconfig}", f"--daemonset={daemonset}",
+                         f"--namespace={NAMESPACE}", f"--cleanup-dir={node.run}", f"--cleanup-dir={node.state}")
+    with process(a_argv, log_a) as keeper_a:
+        wait(lambda: node.chained() and "state=present" in text(log_a), "A chained and watching its DaemonSet",
+             keeper_a, timeout=60)
+        log_b = tmp_root / "init-b.log"
+        with process(keeper_argv(node, plugin_binary, "--once"), log_b) as init_b:
+            wait(lambda: init_b.poll() is not None, "the new pod's init container to finish", timeout=60)
+            assert init_b.returncode == 0, text(log_b)
+        assert "stepping down" in text(log_a), text(log_a)
+        log_k = tmp_root / "keeper-b.log"
+        with process(keeper_argv(node, plugin_binary), log_k) as keeper_b:
+            wait(lambda: re.search(r"chain status .*\bchained conflist=", text(log_k)) is not None,
+                 "B's keeper chaining", keeper_b, timeout=60)
+            # Only B keeps the chain now: a rewrite of the primary without netclaim is undone by B.
+            (node.net_d / CONFLIST).write_text(json.dumps(PRIMARY, indent=2))
+            wait(node.chained, "B re-chaining the rewritten primary", keeper_b, timeout=60)
+            keeper_a.send_signal(signal.SIGTERM)  # the DaemonSet deletes the old pod
+            assert keeper_a.wait(60) == 0, text(log_a)
+            assert "nothing removed" in text(log_a), text(log_a)
+            assert node.chained() and (node.bin_d / "netclaim").exists(), text(log_a)
+            assert keeper_b.poll() is None, text(log_k)
