@@ -330,6 +330,12 @@ def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> A
 @click.option("--plugin-cni-cache-dir", envvar="NETCLAIM_PLUGIN_CNI_CACHE_DIR", show_envvar=True, default="",
               help="The libcni cache dir as the plugin on the node sees it, written into the marker of a kept "
                    "plugin so that its last DEL can remove it (empty: --cni-cache-dir).")
+@click.option("--runtime-teardown", envvar="NETCLAIM_RUNTIME_TEARDOWN", show_envvar=True, default="auto",
+              show_default=True, type=click.Choice(["auto", "cached-config", "loaded-config"]),
+              help="How the node's runtime runs a sandbox's CNI DEL: with the config cached at its ADD (CRI-O; "
+                   "the plugin is kept on uninstall while a cached config runs it) or with the config it has "
+                   "loaded (containerd; the plugin goes at once). auto: learnt from the kubelet's pod status "
+                   "(needs --node-name and the API), cached-config until known.")
 @click.option("--cleanup-dir", envvar="NETCLAIM_CLEANUP_DIRS", show_envvar=True, multiple=True,
               type=click.Path(file_okay=False), help="Emptied on uninstall (spool, journal, socket dir); repeatable.")
 @click.option("--poll-interval", envvar="NETCLAIM_POLL_INTERVAL", show_envvar=True, default=1.0,
@@ -368,7 +374,8 @@ def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> A
               help="Tests only: at a point of the uninstall (before-cleanup, after-unchain), wait until FILE is gone.")
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
-                 plugin_log_file: str, cni_cache_dir: str, plugin_cni_cache_dir: str, cleanup_dir: tuple[str, ...], poll_interval: float,
+                 plugin_log_file: str, cni_cache_dir: str, plugin_cni_cache_dir: str, runtime_teardown: str,
+                 cleanup_dir: tuple[str, ...], poll_interval: float,
                  daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
                  log_format: str, node_name: str, metrics_address: str, probe_address: str, lock_dir: str,
                  test_pause: tuple[str, ...],
@@ -403,7 +410,10 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
         lock_dir=Path(lock_dir) if lock_dir else None,
         test_pauses={k: float(v) for k, _, v in (p.partition("=") for p in test_pause)},
         test_holds={k: Path(v) for k, _, v in (h.partition("=") for h in test_hold)})
+    from publisher.chain.runtime import RuntimeTeardown
+
     if uninstall_now:
+        cfg.teardown = RuntimeTeardown(runtime_teardown)
         sys.exit(chainkeeper.uninstall_now(cfg))
     if daemonset and not namespace:
         raise click.UsageError("--daemonset needs --namespace")
@@ -428,6 +438,8 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     def decide() -> str:
         return owner.decide(chainkeeper.DECIDE_WITHIN) if owner is not None else "unknown"
 
+    cfg.teardown = RuntimeTeardown(runtime_teardown, kube, node_name)
+    cfg.teardown.learn()  # now: the release's RBAC is being deleted when an uninstall's SIGTERM comes
     reporting = chainkeeper.Reporting(metrics_address=metrics_address, probe_address=probe_address)
     if kube is not None and node_name:
         reporting.events = contest_events(kube, node_name)

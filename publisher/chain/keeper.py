@@ -111,6 +111,8 @@ class KeeperConfig:
     # The node dir (the state dir) of the keeper's lock and claim (publisher/chain/nodelock.py): an uninstall's
     # cleanup and a new install's keeper never overlap. None: no lock.
     lock_dir: Path | None = None
+    # How the runtime runs DEL (publisher/chain/runtime.py); None: with the cached config (the cautious rule).
+    teardown: Any = None
     # Tests only: seconds to stop at a point of an edit ("before-replace", "after-write"), to land a
     # write of another process exactly there.
     test_pauses: dict[str, float] = field(default_factory=dict)
@@ -404,8 +406,13 @@ class ChainKeeper:
         return True
 
     def cached_users(self) -> list[str]:
-        """ContainerIDs whose cached config still runs this install's netclaim (the plugin's own rule)."""
+        """ContainerIDs whose cached config still runs this install's netclaim (the plugin's own rule).
+
+        None on a runtime that tears down with the config it has loaded (containerd): no cached config is
+        ever run again once the unchained conflist is loaded."""
         if self.cfg.cache_dir is None:
+            return []
+        if self.cfg.teardown is not None and not self.cfg.teardown.uses_cached_config():
             return []
         socket_path = str(self.cfg.entry.get("socketPath") or "")
         if not still_used(str(self.cfg.bin_dir), str(self.cfg.cache_dir), socket_path, ("", "")):

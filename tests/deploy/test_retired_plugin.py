@@ -58,12 +58,13 @@ class RetiredNode:
         path.write_text(json.dumps(doc))
         return path
 
-    def retire(self) -> subprocess.CompletedProcess[str]:
+    def retire(self, *extra: str) -> subprocess.CompletedProcess[str]:
         """The keeper's final pass by hand: unchain, and keep the plugin while the cache still runs it."""
         proc = subprocess.run([str(netclaim_publisher_bin()), "chain-keeper", "--uninstall",
                                f"--driver-name={DRIVER}", f"--cni-conf-dir={self.conf}", f"--cni-bin-dir={self.bin}",
                                f"--plugin-socket={self.socket}", f"--cni-cache-dir={self.cache}",
-                               "--log-format=text"], capture_output=True, text=True, env=python_env(), timeout=60)
+                               "--log-format=text", *extra], capture_output=True, text=True, env=python_env(),
+                              timeout=60)
         assert proc.returncode == 0, proc.stderr
         return proc
 
@@ -123,6 +124,15 @@ def test_the_last_cached_sandboxs_del_removes_the_kept_plugin_and_its_marker(nod
     assert_quiet(node.delete("bbb222"))
     assert node.files() == node.before  # the bin dir as before the install, byte for byte
     assert not (node.cache / "results").joinpath(f"{NETWORK}-bbb222-eth0").exists()
+
+
+def test_on_a_runtime_that_tears_down_with_its_loaded_config_the_plugin_goes_at_once(node: RetiredNode) -> None:
+    """containerd runs DEL with the config it has loaded: once unchained, no cached config runs netclaim
+    again, so nothing would ever come to remove a kept plugin."""
+    node.cache_add("aaa111")
+    said = node.retire("--runtime-teardown=loaded-config").stderr
+    assert "plugin removed" in said, said
+    assert node.files() == node.before
 
 
 def test_two_last_dels_at_once_leave_nothing_behind(node: RetiredNode) -> None:

@@ -128,8 +128,12 @@ def pod_running(pod: dict[str, Any]) -> bool:
 
 
 def pod_claim_names(pod: dict[str, Any]) -> list[str]:
-    return [s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-            if s.get("resourceClaimName")]
+    """The pod's claims: generated ones from its status, claims made beforehand from its spec."""
+    generated = [s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+                 if s.get("resourceClaimName")]
+    made = [c["resourceClaimName"] for c in (pod.get("spec") or {}).get("resourceClaims") or []
+            if c.get("resourceClaimName")]
+    return generated + made
 
 
 @dataclass
