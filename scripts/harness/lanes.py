@@ -35,7 +35,8 @@ from runtime.statedir import secure_state_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 # Lane a takes the longest waits of the suite (the model's random interleavings, the node-life
-# soak and the compressed node life on the chart); lane b runs every other test, so a new test directory can never be left out.
+# soak and the compressed node life on the chart); lane b runs every other test, so a new test
+# directory can never be left out.
 # Measured in one run with the publisher's tests in lane a: 39.4 and 28.6 min; they now run in
 # lane b, against its own control plane.
 LANE_A = ["tests/model", "tests/soak", "tests/deploy/test_node_life.py"]
