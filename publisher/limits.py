@@ -45,11 +45,15 @@ WATCH_RENEW = (1800, 3600)
 WATCH_SILENCE = 300.0
 # An API server restart breaks every node's watches at the same instant. As client-go's reflector does,
 # publisher/kube/listwatch.py then waits a random time in [0, window] before each relist (full jitter, so 5,000
-# nodes do not come back in lockstep); the window starts at WATCH_BACKOFF_BASE and doubles per failure up
-# to WATCH_BACKOFF_CAP. Only a watch that lived WATCH_BACKOFF_RESET seconds resets it (a good LIST does
-# not: a WATCH refused after each LIST would otherwise cost a LIST per second), and a watch that ends within
-# WATCH_TOO_SHORT seconds without any event is a failure (else a proxy ending streams makes a tight loop).
+# nodes do not come back in lockstep); the window starts at WATCH_BACKOFF_BASE and grows WATCH_BACKOFF_FACTOR
+# times per failure up to WATCH_BACKOFF_CAP (0.8, 3.2, 12.8, 30 s: client-go doubles, but then a node a few
+# seconds into an outage is still in a window only about as wide as the outage, and a fifth of the nodes
+# relist in the first second after the API is back; listwatch.Backoff says why). Only a watch that lived
+# WATCH_BACKOFF_RESET seconds resets it (a good LIST does not: a WATCH refused after each LIST would otherwise
+# cost a LIST per second), and a watch that ends within WATCH_TOO_SHORT seconds without any event is a
+# failure (else a proxy ending streams makes a tight loop).
 WATCH_BACKOFF_BASE = 0.8
+WATCH_BACKOFF_FACTOR = 4.0
 WATCH_BACKOFF_CAP = 30.0
 WATCH_BACKOFF_RESET = 120.0
 WATCH_TOO_SHORT = 1.0

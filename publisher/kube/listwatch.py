@@ -13,8 +13,9 @@ nodes, each with one of each watch:
   followed by a relist after a random wait in [0, window] (full jitter): the
   nodes whose watches broke at the same instant come back spread over the
   window instead of in lockstep. The window starts at
-  limits.WATCH_BACKOFF_BASE and doubles after each failure up to
-  limits.WATCH_BACKOFF_CAP.
+  limits.WATCH_BACKOFF_BASE and grows limits.WATCH_BACKOFF_FACTOR times
+  after each failure up to limits.WATCH_BACKOFF_CAP (client-go doubles it;
+  Backoff says why this loop grows it faster).
 - A watch that ends (or answers "list again") within limits.WATCH_TOO_SHORT
   seconds without delivering anything is a failure too: a proxy or a
   stopping API server that ends streams cleanly at once must not become a
@@ -49,16 +50,34 @@ class ShortWatch(Exception):
 
 @dataclass
 class Backoff:
-    """Full-jitter exponential backoff: the n-th failure in a row waits uniform(0, base * 2**n), capped."""
+    """Full-jitter exponential backoff: the n-th failure in a row waits uniform(0, base * factor**n), capped.
+
+    Why the window grows 4-fold (limits.WATCH_BACKOFF_FACTOR) where client-go's doubles: when
+    an API server comes back after an outage, the nodes whose next relist falls in the first
+    second are those whose wait in progress ends then; with each node's wait uniform in its
+    window, that is about 2/window of the nodes per second, whatever jitter they drew before.
+    Nothing re-synchronises them at the server's return; what bunches them is that their
+    windows are still narrow. A node enters window W after its earlier waits, about W/(2(f-1))
+    seconds on average, so t seconds into an outage the window in progress is only t to 2t wide
+    when it doubles (f = 2): 5 s into one, 20-40 % of the waiting nodes are due in each second. Grown
+    4-fold it is 1.5t to 6t wide (12.8 s from the third failure on, reached about 2 s into an
+    outage), so most nodes come back spread over the next 10 s or so. Decorrelated jitter (each
+    wait drawn up to 3 times the last one) does not help: its waits grow more slowly than these
+    windows. A wider first window would, but it would also slow the recovery from every brief
+    blip, which the first window of 0.8 s keeps quick. The price is the tail after an outage of
+    a few seconds (the last nodes watch again up to 30 s after the API is back, as after a long
+    one); a node sends fewer requests through an outage, not more.
+    """
 
     base: float = limits.WATCH_BACKOFF_BASE
+    factor: float = limits.WATCH_BACKOFF_FACTOR
     cap: float = limits.WATCH_BACKOFF_CAP
     rng: random.Random = field(default_factory=random.Random)
     failures: int = 0
 
     def next(self, floor: float = 0.0) -> float:
         """The wait after one more failure; never below `floor` (a Retry-After)."""
-        window = min(self.cap, self.base * 2 ** min(self.failures, 30))
+        window = min(self.cap, self.base * self.factor ** min(self.failures, 30))
         self.failures += 1
         return max(floor, self.rng.uniform(0.0, window))
 
