@@ -35,6 +35,7 @@ import json
 import os
 import signal
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
@@ -49,10 +50,9 @@ from kubernetes.client.exceptions import ApiException
 
 from chartlib import CHART, helm
 from deploylib import REPO, own_cluster
-from test_daemonset_cluster import (NAMESPACE, NEXT, RELEASE, VERSION, NodeFiles, build_image, daemonset_pod,
-                                    free_port, helm_values, uninstall_release)
-
-import sys
+from test_daemonset_cluster import (NAMESPACE, NEXT, RELEASE, VERSION, NodeFiles, daemonset_pod, free_port,
+                                    helm_values, uninstall_release)
+from test_daemonset_cluster import images  # noqa: F401 - the fixture: both tags built, imported into this cluster
 
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
 from benchlib import soak_boot  # noqa: E402
@@ -70,15 +70,6 @@ BOOT_FILE = "simulated-boot-id"  # in hostPaths.run: the publisher mounts it at 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RealCluster]:
     yield from own_cluster("NETCLAIM_LIFE_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-cl-life"))
-
-
-@pytest.fixture(scope="module")
-def images(cluster: RealCluster) -> dict[str, str]:
-    out = {}
-    for tag in (VERSION, NEXT):
-        out[tag] = build_image(tag)
-        cluster.sh("import-image", out[tag])
-    return out
 
 
 # ---------------------------------------------------------------- the watcher
