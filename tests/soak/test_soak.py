@@ -5,7 +5,10 @@ default /tmp/nc-soak), scales Deployments of ordinary and claimed pods while it
 injects every fault of its cycle (publisher, kubelet and containerd restarts by
 SIGKILL and SIGTERM, an API server restart, the journal's write lock held by
 another process, the spool read-only, the state disk full, a reboot with the
-clock behind, a primary-CNI conflist rewrite), and takes the cluster down. It
+clock behind, a primary-CNI conflist rewrite, and credential rotation: the
+publisher's and the chain keeper's token files replaced the way kubelet
+rotates a projected token, the old token revoked, neither process restarted),
+and takes the cluster down. It
 runs once per module, as a user would run it (a subprocess); each invariant of
 its report is one test here, so a failure names the invariant and carries the
 soak's own evidence. NETCLAIM_SOAK_MINUTES sets the length (default 5).

@@ -115,3 +115,37 @@ def test_the_clock_shim_shifts_only_the_wall_clock_of_its_process(tmp_path: Path
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts" / "harness" / "benchlib"), str(offset)],
                          capture_output=True, text=True, check=True).stdout.split()
     assert [round(int(v) / s) for v, s in zip(out, (1, 1e9))] == [3600, 3600]
+
+
+def test_a_rotation_holds_when_the_publisher_reloaded_and_a_later_claimed_pod_was_shown() -> None:
+    from benchlib.soak_tokens import CredScrape, KeeperLine, Rotation, rotation_verdict
+
+    rotation = Rotation(2, written=100.0, refused=108.0, publisher_pid=7)
+    scrapes = [CredScrape(95, 7, 0, 0), CredScrape(125, 7, 1, 0), CredScrape(135, 7, 1, 0)]
+    shown = {"old": (50.0, 60.0), "new": (112.0, 118.0)}
+    keeper = [KeeperLine(140.0, "reloaded", "")]
+    verdict = rotation_verdict([rotation], scrapes, shown, keeper, apiserver_restarts=[139.0], end=300.0)
+    assert verdict["ok"], verdict
+    (row,) = verdict["rotations"]
+    assert (row["claimed_shown_after_s"], row["publisher_reloads"], row["keeper_reloaded_after_s"]) == (18.0, [0, 1], 40.0)
+
+
+def test_a_rotation_fails_when_the_agents_keep_the_revoked_token() -> None:
+    from benchlib.soak_tokens import CredScrape, KeeperLine, Rotation, rotation_verdict
+
+    rotation = Rotation(2, written=100.0, refused=108.0, publisher_pid=7)
+    # The publisher re-read the same file after each 401 (a reload) but stayed refused; no claimed pod shown.
+    scrapes = [CredScrape(95, 7, 0, 0)] + [CredScrape(110 + 10 * i, 7, 1 + i, 3 + i) for i in range(10)]
+    keeper = [KeeperLine(140.0, "reloaded", "")] + [KeeperLine(141.0 + 20 * i, "refused", "401") for i in range(5)]
+    verdict = rotation_verdict([rotation], scrapes, {"old": (50.0, 60.0)}, keeper, [139.0], end=240.0)
+    assert not verdict["ok"]
+    said = " ".join(verdict["problems"])
+    assert "no claimed pod" in said and "publisher's API requests were refused" in said and "keeper was refused" in said
+
+
+def test_a_short_refusal_healed_within_the_reread_interval_is_no_violation() -> None:
+    from benchlib.soak_tokens import refused_spans
+
+    assert refused_spans([10.0, 30.0, 50.0], end=500.0) == [(10.0, 50.0)]
+    assert refused_spans([10.0, 200.0], end=500.0) == [(10.0, 10.0), (200.0, 200.0)]
+    assert refused_spans([450.0], end=500.0) == [(450.0, 500.0)]  # still refused at the end

@@ -9,12 +9,16 @@ ResourceClaimTemplate of the DRA test driver (at least 80 % of pod starts are
 ordinary). Faults run one at a time, each followed by a recovery window
 (soak_faults.py): publisher SIGKILL/SIGTERM, the spool read-only across a
 publisher restart, a reboot with the clock an hour behind then an NTP step,
-kubelet and containerd SIGKILL/SIGTERM, an API server restart, the journal's
-write lock held by another process for 10 s, the state disk full, and a
-primary-CNI conflist rewrite. The faults that restart the publisher come
-first (and, in runs of 10 minutes or more, repeat in the first half), so that
-the last publisher process lives long enough for its RSS, threads and fds to
-be judged. The run lasts N minutes and at least one full cycle.
+kubelet and containerd SIGKILL/SIGTERM, a credential rotation (the
+publisher's and the keeper's token files replaced the way kubelet rotates a
+projected token, the old token revoked, neither process restarted; once per
+cycle, twice in runs of 10 minutes or more; soak_tokens.py), an API server
+restart, the journal's write lock held by another process for 10 s, the state
+disk full, and a primary-CNI conflist rewrite. The faults that restart the
+publisher come first (and, in runs of 10 minutes or more, repeat in the first
+half), so that the last publisher process lives long enough for its RSS,
+threads and fds to be judged. The run lasts N minutes and at least one full
+cycle.
 
 Invariants (soak_checks.py): every Running pod with a claim shows its own
 sandbox's eth0 (IPs, MAC, containerID, Ready) within 10 s; no entry names a
@@ -22,7 +26,11 @@ sandbox that is gone for more than 10 s; no Warning Event and no failed event
 about an ordinary pod; RSS/threads/fds of the last publisher process flat
 (<= 5 %); /readyz not ready while a fault blocks the publisher and ready
 within 10 s after; no node service dies on its own; netclaim re-chained
-within 10 s of a conflist rewrite; no ADD spooled outside a fault. Results:
+within 10 s of a conflist rewrite; no ADD spooled outside a fault; after
+each rotation the publisher reloads its credentials and the claimed pods
+started after it get their status, the keeper lists again with the new
+token, and neither is refused (401) for longer than the re-read interval +
+10 s. Results:
 <out>/soak.json, a summary on stdout, --plot PNG, --doc markdown section.
 """
 
@@ -49,6 +57,7 @@ from runtime.realcluster import RealCluster, cluster_sh, pod_manifest  # noqa: E
 from . import soak_checks as checks  # noqa: E402
 from . import soak_faults as faults  # noqa: E402
 from . import soak_report as report  # noqa: E402
+from . import soak_tokens as tokens  # noqa: E402
 
 NS = "soak"
 DEPLOYMENTS = {"plain-a": checks.ORDINARY, "plain-b": checks.ORDINARY, "net": checks.CLAIMED}
@@ -127,6 +136,22 @@ class Workload:
             if want < self.replicas["net"] or o >= 4 * (c + 1):
                 self.scale("net", want)
 
+    def claimed_start(self) -> str:
+        """A claimed pod started now: the newest pod of the claimed Deployment deleted (it makes another)."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.apps.api_client)
+        try:
+            pods = core.list_namespaced_pod(NS, label_selector="app=net", _request_timeout=5).items
+            pods = [p for p in pods if not p.metadata.deletion_timestamp]
+            if not pods:
+                return ""
+            newest = max(pods, key=lambda p: p.metadata.creation_timestamp)
+            core.delete_namespaced_pod(newest.metadata.name, NS, _request_timeout=5)
+            return f"replacing {newest.metadata.name}"
+        except Exception as exc:  # noqa: BLE001 - the next scaling step starts claimed pods too
+            return f"could not delete a claimed pod: {type(exc).__name__}"
+
     def nudge(self) -> None:
         """A pod start now (during a fault), in the background: the API may be slow."""
         threading.Thread(target=self.scale, args=("plain-b", min(self.replicas["plain-b"] + 1, 5)), daemon=True).start()
@@ -151,6 +176,8 @@ class Observer:
         self.warnings: dict[str, dict[str, Any]] = {}
         self.failed: dict[str, dict[str, Any]] = {}
         self.counters = checks.Counters()
+        self.creds: list[tokens.CredScrape] = []  # the publisher's credential reloads and consecutive 401s
+        self.shown: dict[str, tuple[float, float]] = {}  # claimed sandbox id -> (created, first shown by its claim)
         self.plugin_log = checks.PluginLog(node.nc / "plugin.log")
         self.looks = self.incomplete = 0
         self.last_errors: list[str] = []
@@ -181,11 +208,16 @@ class Observer:
         names = ("netclaim_events_spooled_total", 'netclaim_events_received_total{op="ADD"}',
                  'netclaim_events_acked_total{op="ADD"}', "netclaim_events_failed_total",
                  "netclaim_spool_overflow_events_total")
+        gauges = ("netclaim_credential_reloads", "netclaim_api_unauthorized_consecutive")
         try:
             import urllib.request
 
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as resp:
-                self.counters.update(pid, checks.metric_values(resp.read().decode(), names))
+                text = resp.read().decode()
+            self.counters.update(pid, checks.metric_values(text, names))
+            cred = checks.metric_values(text, gauges)
+            if len(cred) == len(gauges):
+                self.creds.append(tokens.CredScrape(time.time(), pid, cred[gauges[0]], cred[gauges[1]]))
             for failed in publisher_status(self.node.nc / "publisher.sock").get("failed_events") or []:
                 self.failed.setdefault(str(failed.get("event_id")), failed)
         except Exception:  # noqa: BLE001 - a restarting publisher: the next scrape
@@ -238,10 +270,24 @@ class Observer:
         self.workload.seen(look.pods)
         views = self.views(look)
         own = checks.own_sandbox_problems(look, self.driver, views, list(self.node.unchained))
+        self.note_shown(look, views)
         self.own.observe(look.at, own, self.window)
         self.stale.observe(look.at, checks.stale_entries(look, self.driver), self.window)
         if tick % 5 == 0:
             self.events()
+
+    def note_shown(self, look: checks.Look, views: dict[str, checks.NetnsView]) -> None:
+        """When each claimed sandbox was first shown by a claim as it is (Ready, eth0's IPs and MAC)."""
+        for claim in look.claims:
+            for entry in checks.entries_of(claim, self.driver):
+                sid = checks.entry_sandbox(entry)
+                sb, view = look.sandboxes.get(sid), views.get(sid)
+                if sb is None or view is None or sid in self.shown or checks.ready_of(entry) != "True":
+                    continue
+                data = entry.get("networkData") or {}
+                if (data.get("interfaceName"), sorted(data.get("ips") or []), data.get("hardwareAddress")) == (
+                        "eth0", view.cidrs, view.mac):
+                    self.shown[sid] = (sb.created, look.at)
 
     def events(self) -> None:
         for ns in (NS, "default"):
@@ -294,6 +340,7 @@ class Soak:
         self.t0 = time.time()
         self.teardown_notes: list[str] = []
         self.threads: list[threading.Thread] = []
+        self.keeper_log: list[tokens.KeeperLine] = []
 
     def setup(self) -> None:
         progress(f"taking down whatever ran in {self.args.dir}, then bringing up the soak's cluster")
@@ -307,11 +354,18 @@ class Soak:
                            check=True, capture_output=True, text=True)
         os.chmod(nc, 0o700)
         self.cluster.sh("install-netclaim")
-        self.cluster.sh("chain-keeper-start")
         soak_dir = nc / "soak"
         soak_dir.mkdir(mode=0o700, exist_ok=True)
         self.node = faults.Node(self.cluster, soak_dir)
+        # The agents' credentials become rotating token files; the publisher is started again to read its
+        # kubeconfig's tokenFile user, the keeper starts with its own (soak_tokens.py).
+        self.node.tokens = tokens.Tokens(self.cluster, nc)
+        self.node.keeper_env = self.node.tokens.setup()
+        self.node.signal("publisher", signal.SIGTERM)
+        self.node.start("publisher")
+        self.node.start("chain-keeper")
         self.workload = Workload(self.cluster, self.args.seed)
+        self.node.claimed_start = self.workload.claimed_start
         self.workload.create()
         self.observer = Observer(self.node, self.workload, self.args.interval)
 
@@ -357,7 +411,8 @@ class Soak:
         first = True
         while first or time.time() - self.t0 < total:
             with_restarts = first or time.time() - self.t0 < total / 2
-            cycle = (faults.restart_phase() if with_restarts else []) + faults.live_phase()
+            cycle = (faults.restart_phase() if with_restarts else []) + faults.live_phase(
+                rotations=2 if self.args.minutes >= 10 else 1)
             for fault in cycle:
                 if not first and time.time() - self.t0 >= total:
                     break
@@ -376,6 +431,7 @@ class Soak:
         nc = Path(self.args.dir) / "nc"
         subprocess.run(["mount", "-o", "remount,rw", str(nc / "spool")], capture_output=True)
         self.keep_logs(Path(self.args.out) / "soak-logs")
+        self.keeper_log = tokens.keeper_lines(Path(self.args.out) / "soak-logs" / "chain-keeper.log")
         (nc / "state" / "soak-filler").unlink(missing_ok=True)
         if self.args.keep:
             self.teardown_notes.append(f"cluster kept in {self.args.dir} (--keep)")

@@ -8,7 +8,9 @@ service answers, the lock is released, the disk has room again); the soak's
 invariants give the node 10 s from that moment.
 
 A simulated reboot (soak_boot.py) gives the node's netclaim processes a new
-boot id and clocks without touching the host.
+boot id and clocks without touching the host. A token rotation (soak_tokens.py)
+replaces the publisher's and the keeper's token files and revokes the old
+tokens without restarting either.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from runtime.procs import pid_alive, wait_gone
 from runtime.realcluster import CLUSTER_SH, RealCluster, cluster_sh
 
 from .soak_boot import kill_pods, new_boot, wipe_run_state, write_boot
+from .soak_tokens import Tokens
 
 REPO = Path(__file__).resolve().parents[3]
 SUPERVISED = ("publisher", "kubelet", "containerd", "chain-keeper", "kube-apiserver")
@@ -79,18 +82,23 @@ class Node:
         # until containerd loaded the re-chained file); a sandbox created then sends no ADD, by design.
         self.unchained: list[tuple[float, float]] = []
         self.publisher_wrapper: Path | None = None  # set by the first simulated reboot
+        self.tokens: Tokens | None = None  # the agents' rotating tokens (soak set-up)
+        self.keeper_env: dict[str, str] = {}  # the keeper's kubeconfig, node, DaemonSet: given to its start only
+        self.claimed_start: Callable[[], str] = lambda: ""  # a claimed pod started now (the soak's workload)
         self.stopping = threading.Event()  # teardown: nothing is started again
 
     # ------------------------------------------------------------ cluster.sh
 
-    def env(self) -> dict[str, str]:
+    def env(self, component: str = "") -> dict[str, str]:
         env = dict(self.cluster.env)
         if self.publisher_wrapper is not None:
             env["NETCLAIM_PUBLISHER_WRAPPER"] = str(self.publisher_wrapper)
+        if component == "chain-keeper":  # never the others': containerd would hand them on to the plugin
+            env.update(self.keeper_env)
         return env
 
-    def sh(self, *args: str, timeout: float = 300) -> str:
-        return cluster_sh(*args, env=self.env(), timeout=timeout)
+    def sh(self, *args: str, timeout: float = 300, component: str = "") -> str:
+        return cluster_sh(*args, env=self.env(component), timeout=timeout)
 
     def pidfile(self, component: str) -> Path:
         if component == "kube-apiserver":
@@ -114,7 +122,7 @@ class Node:
         if component == "kube-apiserver":
             self.sh("apiserver-start", timeout=timeout)
         else:
-            self.sh(f"{component}-start", timeout=timeout)
+            self.sh(f"{component}-start", timeout=timeout, component=component)
 
     def signal(self, component: str, sig: signal.Signals, timeout: float = 30) -> str:
         """Send `sig` to the service's pid and wait for it to exit (SIGKILL after `timeout`)."""
@@ -450,12 +458,33 @@ class NtpStep(Fault):
         time.sleep(2)  # the shim re-reads the offset every second
 
 
+class TokenRotation(Fault):
+    """Kubelet's projected-token rotation, with the old credential revoked: the publisher's and the keeper's
+    token files replaced atomically by the next generation, the previous one revoked (its holder pod and
+    Secret deleted) until a TokenReview refuses it. Neither process is restarted. Then a claimed pod is
+    started, whose status only a publisher that took up the new token can write."""
+
+    name = "token-rotation"
+
+    def run(self, node: Node, nudge: Callable[[], None], record: FaultRecord) -> None:
+        if node.tokens is None:
+            raise RuntimeError("the soak set up no rotating tokens")
+        pid = node.pid("publisher")
+        rotation, notes = node.tokens.rotate(pid if pid is not None and pid_alive(pid) else None)
+        record.notes.extend(notes)
+        rotation.claimed_restart = node.claimed_start()
+        record.notes.append(f"claimed pod started after the rotation: {rotation.claimed_restart or 'none'}")
+
+
 def restart_phase() -> list[Fault]:
     return [Restart("publisher", signal.SIGKILL), Restart("publisher", signal.SIGTERM), SpoolReadOnly(), Reboot(),
             NtpStep()]
 
 
-def live_phase() -> list[Fault]:
-    return [Restart("kubelet", signal.SIGKILL), Restart("containerd", signal.SIGTERM), ApiserverRestart(),
-            JournalLock(), Restart("kubelet", signal.SIGTERM), StateDiskFull(), Restart("containerd", signal.SIGKILL),
-            ConflistRewrite()]
+def live_phase(rotations: int = 1) -> list[Fault]:
+    """The faults that leave the publisher running. A token rotation comes right before the API server restart
+    (every watch lists again, with the new token); `rotations` 2 adds one more later in the cycle."""
+    second: list[Fault] = [TokenRotation()] if rotations >= 2 else []
+    return [Restart("kubelet", signal.SIGKILL), Restart("containerd", signal.SIGTERM), TokenRotation(),
+            ApiserverRestart(), JournalLock(), Restart("kubelet", signal.SIGTERM), *second, StateDiskFull(),
+            Restart("containerd", signal.SIGKILL), ConflistRewrite()]
