@@ -115,25 +115,12 @@ class Watcher:
             look.sandboxes[sb.id] = sb
         return look
 
-    def views(self, look: checks.Look) -> dict[str, checks.NetnsView]:
-        out = {}
-        for sb in look.sandboxes.values():
-            if not sb.ready or sb.kind != checks.CLAIMED:
-                continue
-            try:
-                if sb.id not in self.pids:
-                    info = json.loads(self.cluster.crictl("inspectp", "-o", "json", sb.id))
-                    self.pids[sb.id] = int(info["info"]["pid"])
-                out[sb.id] = checks.netns_view(self.pids[sb.id])
-            except Exception:  # noqa: BLE001 - a sandbox going away: judged by the rule if it lasts
-                self.pids.pop(sb.id, None)
-        return out
-
     def check(self) -> None:
         look = self.look()
         if look.error:
             return
-        own = checks.own_sandbox_problems(look, self.cluster.driver, self.views(look))
+        views = checks.claimed_views(look, self.cluster.crictl, self.pids)
+        own = checks.own_sandbox_problems(look, self.cluster.driver, views)
         stale = checks.stale_entries(look, self.cluster.driver)
         with self.lock:
             self.own.observe(look.at, own, self.window)

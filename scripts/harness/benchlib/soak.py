@@ -247,18 +247,7 @@ class Observer:
         return look
 
     def views(self, look: checks.Look) -> dict[str, checks.NetnsView]:
-        out = {}
-        for sb in look.sandboxes.values():
-            if not sb.ready or sb.kind != checks.CLAIMED:
-                continue
-            try:
-                if sb.id not in self.pids:
-                    info = json.loads(self.node.cluster.crictl("inspectp", "-o", "json", sb.id))
-                    self.pids[sb.id] = int(info["info"]["pid"])
-                out[sb.id] = checks.netns_view(self.pids[sb.id])
-            except Exception:  # noqa: BLE001 - a sandbox going away: reported by the rule if it lasts
-                self.pids.pop(sb.id, None)
-        return out
+        return checks.claimed_views(look, self.node.cluster.crictl, self.pids)
 
     def check(self, tick: int) -> None:
         look = self.look()

@@ -151,6 +151,21 @@ def netns_view(pid: int, ifname: str = "eth0") -> NetnsView:
     return NetnsView(sorted(cidrs), link.get("address", "").lower())
 
 
+def claimed_views(look: Look, crictl: Any, pids: dict[str, int]) -> dict[str, NetnsView]:
+    """eth0 as each ready claimed sandbox sees it; `pids` caches each sandbox's pid (crictl inspectp)."""
+    out = {}
+    for sb in look.sandboxes.values():
+        if not sb.ready or sb.kind != CLAIMED:
+            continue
+        try:
+            if sb.id not in pids:
+                pids[sb.id] = int(json.loads(crictl("inspectp", "-o", "json", sb.id))["info"]["pid"])
+            out[sb.id] = netns_view(pids[sb.id])
+        except Exception:  # noqa: BLE001 - a sandbox going away: reported by the rule if it lasts
+            pids.pop(sb.id, None)
+    return out
+
+
 def own_sandbox_problems(look: Look, driver: str, views: dict[str, NetnsView],
                          unchained: list[tuple[float, float]] = ()) -> dict[Hashable, str]:
     """Every Running claimed pod whose claim does not show its ready sandbox's eth0 (IPs, MAC, containerID).
