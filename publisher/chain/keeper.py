@@ -532,7 +532,7 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
         keeper.superseded = lock.superseded
     keeper.run()
     if keeper.stepped_down:
-        return step_down(keeper, lock, stop.event, (health, probes))
+        return step_down(lock, stop.event, (health, probes))
     log.info("chain keeper signalled: uninstall or upgrade?", extra={"signal": signalled[-1] if signalled else 0})
     # Positive evidence only (publisher/chain/ownerwatch.py): 'gone' cleans the node; 'present' and 'unknown' keep it.
     state = decide() if decide is not None else "unknown"
@@ -556,7 +556,7 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     return 0
 
 
-def step_down(keeper: ChainKeeper, lock: NodeLock | None, stopped: threading.Event, servers: tuple[Any, ...]) -> int:
+def step_down(lock: NodeLock | None, stopped: threading.Event, servers: tuple[Any, ...]) -> int:
     """A newer keeper claimed the node: let it have the lock and the listeners (the pods share the host's
     network), touch nothing more, and wait for the end (this pod is deleted once the new one is ready)."""
     log = logs.get()

@@ -53,8 +53,8 @@ class LockBusy(Exception):
 class NodeLock:
     """The keeper's lock on the node (LOCK_NAME) and its claim on it (OWNER_NAME), in `directory`.
 
-    `lock_name`/`owner_name` give the same pair another use: the publisher's hold on its state
-    dir (publisher/cli.py), where the newest claimant also wins (a surge rollout's new pod)."""
+    `lock_name`/`owner_name` give the lock another use: the publisher's hold on its state dir
+    (publisher/cli.py `take_state_dir`), which only acquires: a second publisher waits for the first."""
 
     def __init__(self, directory: Path, lock_name: str = LOCK_NAME, owner_name: str = OWNER_NAME) -> None:
         self.directory = directory

@@ -16,13 +16,13 @@ keeper assumes the cautious answer (cached configs count).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from publisher import logs
 
 CACHED_CONFIG = "cached-config"  # CRI-O: DEL with the config cached at ADD
 LOADED_CONFIG = "loaded-config"  # containerd: DEL with the config loaded now
-CHOICES = ("auto", CACHED_CONFIG, LOADED_CONFIG)
 RUNTIMES = {"containerd": LOADED_CONFIG, "cri-o": CACHED_CONFIG}
 RETRY = 5.0  # seconds between looks while no pod of the node has a started container
 
@@ -51,7 +51,6 @@ class RuntimeTeardown:
         self.rule = CACHED_CONFIG if setting == "auto" else setting
         self.known = setting != "auto"
         self._kube, self._node = kube, node_name
-        self._stop = threading.Event()
 
     def uses_cached_config(self) -> bool:
         return self.rule == CACHED_CONFIG
@@ -62,12 +61,9 @@ class RuntimeTeardown:
             return
         threading.Thread(target=self._learn, name="runtime-teardown", daemon=True).start()
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def _learn(self) -> None:
         log = logs.get()
-        while not self._stop.is_set():
+        while True:
             try:
                 rule = teardown_in(self._kube.list_pods_on_node(self._node, limit=20).get("items") or [])
             except Exception as exc:  # noqa: BLE001 - the API may be down or refuse: look again later
@@ -77,4 +73,4 @@ class RuntimeTeardown:
                 self.rule, self.known = rule, True
                 log.info("runtime teardown learnt", extra={"node": self._node, "teardown": rule})
                 return
-            self._stop.wait(RETRY)
+            time.sleep(RETRY)  # a daemon thread: it ends with the keeper

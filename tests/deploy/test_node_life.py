@@ -59,7 +59,7 @@ from benchlib import soak_boot  # noqa: E402
 from benchlib import soak_checks as checks  # noqa: E402
 from runtime import identity  # noqa: E402
 from runtime.controlplane import api_client  # noqa: E402
-from runtime.realcluster import RealCluster, cluster_sh, pod_manifest, wait_until  # noqa: E402
+from runtime.realcluster import PAUSE_IMAGE, RealCluster, cluster_sh, pod_manifest, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.containerd
 
@@ -232,17 +232,11 @@ class TokenRotation:
         uid = daemonset_pod(self.cluster)["metadata"]["uid"]
         return Path(self.cluster.dir) / "k" / "pods" / uid / "volumes" / "kubernetes.io~projected" / "api-token"
 
-    def holder(self, account: str) -> dict[str, str]:
-        name = f"token-holder-{uuid.uuid4().hex[:6]}"
-        spec = pod_manifest(NAMESPACE, name)["spec"]
-        spec.update(serviceAccountName=account, nodeName=self.cluster.node, automountServiceAccountToken=False)
-        pod = self.core.create_namespaced_pod(NAMESPACE, {"metadata": {"name": name}, "spec": spec})
-        return {"name": pod.metadata.name, "uid": pod.metadata.uid}
-
     def rotate(self) -> str:
         """A new token in the volume (atomic, as the kubelet writes it); the previous holder's token revoked."""
         account = daemonset_pod(self.cluster)["spec"]["serviceAccountName"]
-        holder = self.holder(account)
+        holder = identity.token_holder(self.api, NAMESPACE, f"token-holder-{uuid.uuid4().hex[:6]}", account,
+                                       self.cluster.node, PAUSE_IMAGE)
         token = identity.bound_token(self.api, "Pod", holder, namespace=NAMESPACE, service_account=account)
         write_projected(self.volume(), "token", token)
         self.holders.append(holder)
@@ -251,10 +245,10 @@ class TokenRotation:
         if len(self.holders) > 1:
             old, old_token = self.holders[-2], self.tokens[-2]
             self.core.delete_namespaced_pod(old["name"], NAMESPACE, grace_period_seconds=0)
-            wait_until(lambda: not authenticated(self.api, old_token), "the previous token to be refused",
+            wait_until(lambda: not identity.authenticated(self.api, old_token), "the previous token to be refused",
                        timeout=90, interval=1)
             note += f"; token {len(self.tokens) - 1} revoked"
-        assert authenticated(self.api, token)
+        assert identity.authenticated(self.api, token)
         return note
 
     def cleanup(self) -> None:
@@ -280,12 +274,6 @@ def write_projected(volume: Path, key: str, value: str) -> None:
     link.unlink(missing_ok=True)
     os.symlink(fresh.name, link)
     os.rename(link, current)
-
-
-def authenticated(api: client.ApiClient, token: str) -> bool:
-    review = client.AuthenticationV1Api(api).create_token_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}})
-    return bool(review.status.authenticated)
 
 
 # ---------------------------------------------------------------- faults on the node

@@ -119,8 +119,8 @@ class KeeperIdentity:
         old_token, old = self.token, self.secrets[-1]
         self.mint()
         self.core.delete_namespaced_secret(old["name"], NAMESPACE)
-        wait(lambda: not authenticated(self.api, old_token), "the old token to be refused", timeout=60)
-        assert authenticated(self.api, self.token)
+        wait(lambda: not identity.authenticated(self.api, old_token), "the old token to be refused", timeout=60)
+        assert identity.authenticated(self.api, self.token)
 
     def cleanup(self) -> None:
         for secret in self.secrets:
@@ -138,12 +138,6 @@ def ignore_404(call: Any) -> None:
     except ApiException as exc:
         if exc.status != 404:
             raise
-
-
-def authenticated(api: client.ApiClient, token: str) -> bool:
-    review = client.AuthenticationV1Api(api).create_token_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}})
-    return bool(review.status.authenticated)
 
 
 def contest_events(api: client.ApiClient, node_name: str) -> list[dict[str, Any]]:

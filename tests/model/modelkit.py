@@ -273,7 +273,7 @@ class Credentials:
         delete_pod(self.api, identity.NAMESPACE, old_pod["name"])
         deadline = time.time() + 30
         while time.time() < deadline:  # the server caches a valid token for about 10 s
-            if not token_valid(self.api, old_token):
+            if not identity.authenticated(self.api, old_token):
                 return
             time.sleep(0.5)
         raise AssertionError("the old token still authenticates 30 s after its pod was deleted")
@@ -281,12 +281,6 @@ class Credentials:
     def cleanup(self) -> None:
         if self.pod:
             delete_pod(self.api, identity.NAMESPACE, self.pod["name"])
-
-
-def token_valid(api: client.ApiClient, token: str) -> bool:
-    review = client.AuthenticationV1Api(api).create_token_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}})
-    return bool(review.status.authenticated)
 
 
 def delete_pod(api: client.ApiClient, namespace: str, name: str) -> None:

@@ -64,15 +64,6 @@ class Rotation:
     claimed_restart: str = ""
 
 
-def authenticated(api: Any, token: str) -> bool:
-    from kubernetes import client
-
-    review = client.AuthenticationV1Api(api).create_token_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
-        _request_timeout=10)
-    return bool(review.status.authenticated)
-
-
 def replace_file(path: Path, text: str) -> None:
     """Write by atomic replace, as kubelet's atomic writer swaps a projected token: a reader sees old or new."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -143,12 +134,8 @@ class Tokens:
     def mint(self) -> Generation:
         number = len(self.generations) + 1
         name = f"soak-token-{number}"
-        spec = {"containers": [{"name": "hold", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}],
-                "terminationGracePeriodSeconds": 0, "serviceAccountName": ACCOUNT, "nodeName": self.cluster.node,
-                "automountServiceAccountToken": False}
-        pod = self.core.create_namespaced_pod(NAMESPACE, {"metadata": {"name": name, "labels": {"soak": "token-holder"}},
-                                                          "spec": spec})
-        holder = {"name": pod.metadata.name, "uid": pod.metadata.uid}
+        holder = identity.token_holder(self.api, NAMESPACE, name, ACCOUNT, self.cluster.node, PAUSE_IMAGE,
+                                       labels={"soak": "token-holder"})
         secret = self.core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": name}, "type": "Opaque"})
         bound = {"name": secret.metadata.name, "uid": secret.metadata.uid}
         gen = Generation(number, holder, bound,
@@ -178,12 +165,12 @@ class Tokens:
         self.rotations.append(rotation)
         self.revoke(old)
         deadline = time.monotonic() + timeout
-        while (authenticated(self.api, old.publisher_token) or authenticated(self.api, old.keeper_token)):
+        while (identity.authenticated(self.api, old.publisher_token) or identity.authenticated(self.api, old.keeper_token)):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"token generation {old.number} still accepted {timeout:.0f}s after its revocation")
             time.sleep(0.5)
         rotation.refused = time.time()
-        if not (authenticated(self.api, new.publisher_token) and authenticated(self.api, new.keeper_token)):
+        if not (identity.authenticated(self.api, new.publisher_token) and identity.authenticated(self.api, new.keeper_token)):
             raise RuntimeError(f"token generation {new.number} is not accepted")
         live = new.number if self.write_new_token else old.number
         notes = [f"token generation {live} live on disk (publisher: bound to pod {new.holder['name']}, "

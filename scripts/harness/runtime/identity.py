@@ -210,6 +210,26 @@ def jwt_claims(token: str) -> dict[str, Any]:
     return json.loads(base64.urlsafe_b64decode(payload))
 
 
+def authenticated(api: client.ApiClient, token: str) -> bool:
+    """Whether the API server accepts `token` now (a revoked one is refused as soon as its cache lets go)."""
+    review = client.AuthenticationV1Api(api).create_token_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+        _request_timeout=10)
+    return bool(review.status.authenticated)
+
+
+def token_holder(api: client.ApiClient, namespace: str, name: str, service_account: str, node: str, image: str,
+                 labels: dict[str, str] | None = None) -> dict[str, str]:
+    """A pause pod of `service_account` on `node` with no token of its own, to bind tokens to: they carry the
+    node's name, as the kubelet's projected token does, and deleting the pod revokes them. {name, uid}."""
+    spec = {"containers": [{"name": "hold", "image": image, "imagePullPolicy": "Never"}],
+            "terminationGracePeriodSeconds": 0, "serviceAccountName": service_account, "nodeName": node,
+            "automountServiceAccountToken": False}
+    pod = client.CoreV1Api(api).create_namespaced_pod(
+        namespace, {"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
+    return {"name": pod.metadata.name, "uid": pod.metadata.uid}
+
+
 def token_review(api: client.ApiClient, token: str) -> dict[str, Any]:
     """How the API server authenticates `token`: username, groups, extra."""
     review = client.AuthenticationV1Api(api).create_token_review(
