@@ -33,6 +33,9 @@ DEFAULT_SPOOL_DIR = "/var/lib/netclaim/spool"
 DEFAULT_STATE_DIR = "/var/lib/netclaim/plugin-state"
 DEFAULT_LOG_FILE = ""  # no log file unless the entry names one (cni_plugin/log.py)
 DEFAULT_ACK_TIMEOUT_MS = 1000
+# A publisher restart leaves the socket absent for about a second; when the spool cannot take
+# the event either, the plugin keeps trying the socket this long before the event is lost.
+DEFAULT_HANDOFF_WAIT_MS = 3000
 DEFAULT_SPOOL_MAX_FILES = 1024
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 FAILURE_POLICIES = ("Ignore", "Fail")
@@ -253,7 +256,7 @@ class NetConf:
     """The `"type": "netclaim"` entry of a conflist, as the runtime passed it."""
 
     __slots__ = ("cni_version", "name", "driver", "request", "socket_path", "spool_dir", "state_dir",
-                 "log_file", "failure_policy", "ack_timeout", "spool_max_files", "spool_max_bytes", "interface",
+                 "log_file", "failure_policy", "ack_timeout", "handoff_wait", "spool_max_files", "spool_max_bytes", "interface",
                  "prev_result", "raw")
 
     def __init__(self, cni_version: str, name: str, driver: str, request: str = "",
@@ -272,6 +275,7 @@ class NetConf:
         self.log_file = log_file
         self.failure_policy = failure_policy
         self.ack_timeout = ack_timeout
+        self.handoff_wait = DEFAULT_HANDOFF_WAIT_MS / 1000
         self.spool_max_files = DEFAULT_SPOOL_MAX_FILES
         self.spool_max_bytes = DEFAULT_SPOOL_MAX_BYTES
         self.interface = interface
@@ -446,6 +450,9 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
     timeout = _int(raw, "ackTimeoutMs", "ackTimeoutMs", 1, 60000)
     if timeout is not None:
         conf.ack_timeout = timeout / 1000
+    wait = _int(raw, "handoffWaitMs", "handoffWaitMs", 0, 60000)
+    if wait is not None:
+        conf.handoff_wait = wait / 1000
     conf.spool_max_files = _int(raw, "spoolMaxFiles", "spoolMaxFiles", 1, 1 << 24) or DEFAULT_SPOOL_MAX_FILES
     conf.spool_max_bytes = _int(raw, "spoolMaxBytes", "spoolMaxBytes", 4096, 1 << 40) or DEFAULT_SPOOL_MAX_BYTES
     conf.interface = parse_interface(raw.get("interface"))
@@ -491,6 +498,9 @@ def tolerant_netconf(raw: dict[str, Any]) -> tuple[NetConf, list[str]]:
     timeout = keep(lambda: _int(raw, "ackTimeoutMs", "ackTimeoutMs", 1, 60000), None)
     if timeout is not None:
         conf.ack_timeout = timeout / 1000
+    wait = keep(lambda: _int(raw, "handoffWaitMs", "handoffWaitMs", 0, 60000), None)
+    if wait is not None:
+        conf.handoff_wait = wait / 1000
     conf.spool_max_files = keep(lambda: _int(raw, "spoolMaxFiles", "spoolMaxFiles", 1, 1 << 24), None) \
         or DEFAULT_SPOOL_MAX_FILES
     conf.spool_max_bytes = keep(lambda: _int(raw, "spoolMaxBytes", "spoolMaxBytes", 4096, 1 << 40), None) \

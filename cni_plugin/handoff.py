@@ -9,7 +9,10 @@ OS crash can take from either belongs to sandboxes the same crash destroyed
 
 `ackTimeoutMs` is ONE budget for connect + send + ack together: every
 socket call gets only what is left of it, so a publisher that trickles its
-reply cannot stretch RunPodSandbox by a timeout per call.
+reply cannot stretch RunPodSandbox by a timeout per call. When the spool
+cannot take the event either, `handoffWaitMs` is the last chance: a
+publisher restart on a node with a read-only or full spool would otherwise
+lose every event of the second its socket is absent.
 
 The socket counts only when root serves it (SO_PEERCRED of the listener):
 an event sent to a socket someone else bound at the configured path would
@@ -143,12 +146,42 @@ def deliver(event: wire.Event, conf: NetConf, log: Log, *, may_fail: bool) -> st
         spool_error = f"SpoolFull: {exc.strerror}"
     except OSError as exc:
         spool_error = f"{type(exc).__name__}: {exc}"
+    waited = _wait_for_publisher(conf, data)
+    if waited is not None:
+        log.info("event handed off after waiting for the publisher", op=event.op, eventID=event.event_id,
+                 waitedMs=round(waited * 1000), socketError=socket_error, spoolError=spool_error)
+        return ACKED
     log.error("event not handed off", op=event.op, eventID=event.event_id, outcome=outcome,
-              socketError=socket_error, spoolError=spool_error)
+              socketError=socket_error, spoolError=spool_error, waitedMs=round(conf.handoff_wait * 1000))
     if may_fail and conf.failure_policy == "Fail":
         raise CNIError(TRY_AGAIN_LATER, "cannot hand the event to netclaim-publisher (socket and spool both failed)",
                        f"socket: {socket_error}; spool: {spool_error}")
     return outcome
+
+
+_RETRY_EVERY = 0.05
+
+
+def _wait_for_publisher(conf: NetConf, data: bytes) -> float | None:
+    """The last chance before an event is lost: keep trying the socket for `handoffWaitMs`.
+
+    Only reached when neither channel took the event, which a publisher restart
+    on a node whose spool is read-only or full produces for about a second; the
+    pod waits at most this long, and only on a node already in that state.
+    Returns the seconds waited once the publisher acked, None when it never did.
+    """
+    start = time.monotonic()
+    deadline = start + conf.handoff_wait
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(_RETRY_EVERY, left))
+        try:
+            send(conf.socket_path, data, max(0.001, min(conf.ack_timeout, deadline - time.monotonic())))
+            return time.monotonic() - start
+        except (OSError, EOFError, wire.WireError):
+            continue
 
 
 def _too_large(event: wire.Event, conf: NetConf, log: Log, problem: str, may_fail: bool) -> str:

@@ -248,6 +248,11 @@ JOURNAL_PROBE_WAIT = 1.0  # seconds housekeeping's health probe of the journal w
 JOURNAL_LOCK_WAIT = 30.0  # seconds a thread waits for the publisher's own write slot before giving up
 JOURNAL_READ_WAIT = 2.0  # seconds a probe-side reader (status, /metrics) waits for the read connection
 JOURNAL_WAL_KEEP = 4 << 20  # bytes of WAL kept after a checkpoint (SQLite truncates to this)
+# KiB of page cache per journal connection (three: writer, reader, checkpoint). SQLite's default
+# (2 MiB each) fills only as the database grows past it, which takes hours of pod starts: a
+# publisher's RSS then creeps for a whole day like a leak. Pages re-read from the OS page cache
+# cost a pread, and the hot rows (pending events, dirty claims) are few.
+JOURNAL_PAGE_CACHE_KIB = 256
 JOURNAL_WEDGED = 60.0  # a journal write in flight or failing this long fails liveness (/healthz)
 LOOP_STALLED = 300.0  # a worker or housekeeping loop with no completed iteration this long fails liveness
 THREAD_RESTART_BUDGET = 5  # crashes of one thread within THREAD_RESTART_WINDOW before liveness fails

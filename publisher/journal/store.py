@@ -58,6 +58,13 @@ def _create_private(path: str) -> None:
     os.close(fd)
 
 
+def _connect(path: str) -> sqlite3.Connection:
+    """A journal connection with a bounded page cache (limits.JOURNAL_PAGE_CACHE_KIB)."""
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    db.execute(f"PRAGMA cache_size=-{limits.JOURNAL_PAGE_CACHE_KIB}")
+    return db
+
+
 class Journal:
     """SQLite in WAL mode: one write connection behind a lock, one read connection beside it.
 
@@ -81,7 +88,7 @@ class Journal:
         self._lock = threading.RLock()
         self._rlock = threading.Lock()
         _create_private(self.path)  # SQLite gives -wal and -shm the database file's mode
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db = _connect(self.path)
         refuse_newer(self._db, self.path)  # a newer release's journal (a downgrade): before anything writes
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL: a commit writes the WAL without fsync (it survives a process crash; the boot
@@ -99,7 +106,7 @@ class Journal:
             if column not in have:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         stamp_version(self._db)
-        self._rdb = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._rdb = _connect(self.path)
         self._rdb.execute("PRAGMA busy_timeout=1000")
         self._rdb.execute("PRAGMA query_only=1")
         self.retired: list[tuple[str, str]] = []  # claims whose attachments the boot rule retired at open
@@ -136,7 +143,7 @@ class Journal:
         """
         with self._ckpt_lock:
             if self._ckpt is None:
-                self._ckpt = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                self._ckpt = _connect(self.path)
                 self._ckpt.execute("PRAGMA busy_timeout=0")
             self._ckpt.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 

@@ -47,7 +47,8 @@ class Dirs:
 
     def conf(self, **extra: object) -> dict:
         base = {"type": "netclaim", "driverName": "net.example.com", "socketPath": self.socket,
-                "spoolDir": self.spool, "stateDir": self.state, "logFile": self.log, "ackTimeoutMs": 500}
+                "spoolDir": self.spool, "stateDir": self.state, "logFile": self.log, "ackTimeoutMs": 500,
+                "handoffWaitMs": 0}  # tests of the wait set it (None: the default)
         base.update(extra)
         return base
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from cni_plugin.wire import PodRef, new_order
@@ -71,4 +72,35 @@ def test_a_journal_reopened_in_a_new_boot_retires_the_earlier_boots_attachments(
     j.close()
     j = Journal(state)  # a restart within the same boot retires nothing more
     assert j.retired_attachments == 0 and [a.container_id for a in j.all_attachments()] == ["now"]
+    j.close()
+
+
+def _sqlite_memory_used() -> int:
+    """Bytes SQLite holds in this process (page caches included): the library the sqlite3 module loaded."""
+    import ctypes
+    import ctypes.util
+    import _sqlite3
+
+    lib = ctypes.CDLL(ctypes.util.find_library("sqlite3") or _sqlite3.__file__)
+    lib.sqlite3_memory_used.restype = ctypes.c_int64
+    return int(lib.sqlite3_memory_used())
+
+
+def test_the_journals_memory_stops_growing_long_before_its_database_does(workdir):
+    """A month of pod starts grows the database; the publisher's memory must not follow it."""
+    j = Journal(str(workdir / "state"))
+
+    def churn(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            j.append(wire_event("ADD", f"c{i}", PodRef("ns", f"p{i}", f"u{i}"), cni_result()))
+            for pending in j.ready(0, 1, node_seconds() + 1e9):
+                j.finish(pending.seq)
+        j.checkpoint()
+
+    churn(0, 400)
+    settled = _sqlite_memory_used()
+    churn(400, 1600)
+    grown = _sqlite_memory_used() - settled
+    assert os.path.getsize(j.path) > 1 << 20, "the database did not grow past the default page cache"
+    assert grown < limits.JOURNAL_PAGE_CACHE_KIB * 1024, f"SQLite's memory grew {grown >> 10} KiB with the database"
     j.close()
