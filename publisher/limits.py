@@ -29,6 +29,11 @@ DONE_RETENTION = 24 * 3600.0  # seconds finished events are kept (their ids drop
 ORDER_HORIZON = 600.0  # seconds after which no event stamped before a tombstone/fence can still arrive
 MAX_FENCES = 16  # GC fences kept per driver and network, whatever their age
 DIRTY_LEASE = 30.0  # seconds housekeeping leaves a claim alone that the committing thread reconciles itself
+# Seconds a claim's apply waits, after the first ADD of a sandbox on it, for the same sandbox's
+# ADDs of the claim's other devices (Multus runs one network after another): one apply instead
+# of one per network while the pod starts. The pod is not Ready before its last network anyway.
+SIBLING_HOLD = 1.0
+MAX_HOLDS = 1024  # sandboxes whose claim apply is being held, at most (beyond: apply at once)
 CLAIM_STATE_RETENTION = 3600.0  # seconds an untracked claim's state stays in `status`
 STATUS_MAX_CLAIMS = 500  # claims listed by `status` (errors first): one frame stays small
 CREDENTIALS_RELOAD = 60.0  # seconds between re-reads of the kubeconfig / projected token

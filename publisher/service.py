@@ -111,7 +111,8 @@ class Service:
         self.live_watch = LiveWatch(self.journal, metrics, self.housekeeping.wake.set, self.stopping,
                               LiveSettings(enabled=settings.live_watch))
         self.rules = Rules(self.journal, self.resolver, self.reconciler, self.report,
-                           RuleSettings(settings.resolve_timeout, settings.retry_cap), self.housekeeping.claim_retry)
+                           RuleSettings(settings.resolve_timeout, settings.retry_cap), self.housekeeping.claim_retry,
+                           held=self.housekeeping.held)
         self._threads: list[threading.Thread] = []
         self.down: dict[str, str] = {}  # thread name -> why it is being restarted
         self.started = False

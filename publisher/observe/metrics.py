@@ -67,6 +67,8 @@ class Metrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
         self.api_requests = Counter("netclaim_api_requests_total", "Kubernetes API requests", ["verb", "code"], registry=r)
         self.apply_skips = Counter("netclaim_apply_skips_total", "Applies skipped because the body equals the last applied one", registry=r)
+        self.apply_holds = Counter("netclaim_apply_holds_total", "ADDs whose claim apply waited for the same "
+                                   "sandbox's ADDs of the claim's other devices (one apply for them all)", registry=r)
         self.apply_errors = Counter("netclaim_apply_errors_total", "Permanent apply errors", ["code"], registry=r)
         self.resyncs = Counter("netclaim_resyncs_total", "Times every tracked claim had been verified by the "
                                "safety net (or a reconcile) since the last count", registry=r)

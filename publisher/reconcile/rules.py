@@ -19,13 +19,22 @@ only writer) to bring those claims to the new desired state. A rule checks
 order (tombstone, fences, newer event) and commits while holding the journal
 (Journal.atomically): an ADD resolves with API round trips in between, and a
 GC or DEL committed meanwhile must still make it stale.
+
+A sandbox with several networks on one claim (Multus runs them one after
+another) would cost one apply per network while its pod starts. The ADD rule
+holds the claim's apply while the claim has devices of the same driver that
+this sandbox has not attached yet, for at most limits.SIBLING_HOLD after its
+first ADD: the last ADD applies them all at once. The hold is the dirty mark's
+lease, so it survives a crash and housekeeping applies when the hold ends.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,7 +50,7 @@ from publisher.limits import InvalidEntry
 from publisher.reconcile.mapper import map_event
 from publisher.reconcile.reconciler import Reconciler, newest_sandbox
 from publisher.observe.report import Reporter, event_fields
-from publisher.reconcile.resolver import NotOurs, NotYet, Resolver, Target, Unresolvable
+from publisher.reconcile.resolver import NotOurs, NotYet, Resolver, Target, Unresolvable, device_key, driver_results
 from publisher.reconcile.writer import backoff_delay
 
 
@@ -49,6 +58,7 @@ from publisher.reconcile.writer import backoff_delay
 class RuleSettings:
     resolve_timeout: float = 120.0
     retry_cap: float = 5.0
+    sibling_hold: float = limits.SIBLING_HOLD
 
 
 def result_hash(event: Event) -> str:
@@ -82,7 +92,7 @@ class Rules:
 
     def __init__(self, journal: Journal, resolver: Resolver, reconciler: Reconciler, reporter: Reporter,
                  settings: RuleSettings, claim_retry: Callable[[str, str, Exception], None],
-                 order: BootOrder | None = None) -> None:
+                 order: BootOrder | None = None, held: Callable[[str, str], None] = lambda ns, name: None) -> None:
         self.journal = journal
         self.order = order or journal.ordering()
         self.resolver = resolver
@@ -91,7 +101,10 @@ class Rules:
         self.metrics = reporter.metrics
         self.settings = settings
         self.claim_retry = claim_retry
+        self.held = held  # housekeeping: a held claim is due at the hold's end
         self.log = logs.get()
+        self._holds: OrderedDict[tuple[str, str], float] = OrderedDict()  # (claim, sandbox) -> first ADD
+        self._holds_lock = threading.Lock()
 
     def process(self, p: Pending) -> None:
         if self._earlier_boot(p):
@@ -138,23 +151,61 @@ class Rules:
             return
         committed = self._commit_add(p, att, target, current, read_at)
         if committed is not None:
-            dirty, copy_tick = committed
+            dirty, copy_tick, held = committed
+            if held:
+                self.metrics.apply_holds.inc()
+                self.held(target.claim_namespace, target.claim_name)
+                return
             self._reconcile(dirty, ev, {target.claim_key: target.claim}, {target.claim_key: copy_tick})
 
     def _commit_add(self, p: Pending, att: Attachment, target: Target, before: Attachment | None,
-                    read_at: int) -> tuple[list[tuple[str, str]], int | None] | None:
+                    read_at: int) -> tuple[list[tuple[str, str]], int | None, bool] | None:
         """Check the ADD's order again and commit it, atomically: a DEL or GC committed while it
-        was being resolved (API round trips) makes it stale now (None). Returns the dirty claims
-        and the change's tick, which is None when the resolver's copy of the claim is already
-        outdated (publisher/reconcile/reconciler.py ClaimChanges)."""
+        was being resolved (API round trips) makes it stale now (None). Returns the dirty claims,
+        the change's tick, which is None when the resolver's copy of the claim is already
+        outdated (publisher/reconcile/reconciler.py ClaimChanges), and whether the claim's apply
+        is held for the sandbox's other ADDs (housekeeping then applies when the hold ends)."""
         ev = p.event
         with self.journal.atomically():
             current = self.journal.attachment(ev.container_id, ev.ifname)
             if self._stale(p, current):
                 return None
             dirty = self._add_dirty(target, before, current)
-            self.journal.finish(p.seq, "done", "", upsert=[att], dirty=dirty, lease=limits.DIRTY_LEASE)
-            return dirty, self.reconciler.changes.record([target.claim_key], read_at)
+            hold = self._hold(target, ev) if len(dirty) == 1 else 0.0
+            self.journal.finish(p.seq, "done", "", upsert=[att], dirty=dirty, lease=hold or limits.DIRTY_LEASE)
+            return dirty, self.reconciler.changes.record([target.claim_key], read_at), hold > 0
+
+    def _hold(self, target: Target, ev: Event) -> float:
+        """Seconds left to hold the claim's apply for this sandbox's ADDs of its other devices (0: apply now).
+
+        Only for a claim reserved for this pod alone (a shared claim's other devices may be
+        other pods' to attach), and counted from the sandbox's first ADD on the claim, so a
+        device no ADD will ever come for delays the entry by SIBLING_HOLD at most.
+        """
+        status = target.claim.get("status") or {}
+        reserved = [r.get("uid") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"]
+        key = (target.claim_key, ev.container_id)
+        if self.settings.sibling_hold <= 0 or ev.pod is None or reserved != [ev.pod.uid]:
+            return 0.0
+        attached = {a.device_key for a in self.journal.for_claim(target.claim_namespace, target.claim_name)
+                    if a.container_id == ev.container_id}
+        attached.add(target.device_key)
+        awaited = [r for r in driver_results(target.claim, target.driver) if device_key(r) not in attached]
+        now = node_seconds()
+        with self._holds_lock:
+            if not awaited:
+                self._holds.pop(key, None)
+                return 0.0
+            if key not in self._holds and len(self._holds) >= limits.MAX_HOLDS:
+                return 0.0
+            first = self._holds.setdefault(key, now)
+            left = first + self.settings.sibling_hold - now
+            if left <= 0:
+                del self._holds[key]
+                return 0.0
+            while len(self._holds) > 0 and next(iter(self._holds.values())) + self.settings.sibling_hold < now:
+                self._holds.popitem(last=False)  # ended holds of sandboxes whose last ADD never came
+            return left
 
     @staticmethod
     def _add_dirty(target: Target, *previous: Attachment | None) -> list[tuple[str, str]]:

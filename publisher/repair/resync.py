@@ -86,6 +86,13 @@ class Housekeeping:
                 "claim": f"{ns}/{name}", "error": str(exc), "retry_in": round(delay, 3), "attempt": attempts + 1})
         self.wake.set()
 
+    def held(self, ns: str, name: str) -> None:
+        """An ADD holds the claim's apply for its sandbox's other ADDs (publisher/reconcile/rules.py):
+        the mark is due at the hold's end, and the apply it leads to is no repair."""
+        with self._guard:
+            self._causes[f"{ns}/{name}"] = "held"
+        self.wake.set()
+
     def request_resync(self) -> None:
         self._resync_requested.set()
         self.wake.set()
@@ -188,7 +195,7 @@ class Housekeeping:
                 self.health.beat("housekeeping")
             with self._guard:
                 cause = self._causes.pop(key, "outcome")
-            if wrote:
+            if wrote and cause != "held":
                 self.metrics.drift_repaired.labels(cause).inc()
 
     def deleted_pods(self) -> None:
