@@ -294,8 +294,9 @@ class Resolver:
         info = self.pods.wait_for(ns, name, uid, 0) or self.pods.gone(ns, name, uid)
         return info is not None and info.claimless
 
-    def resolve(self, event: Event, bound_for_claim: Any) -> Target:
-        """`bound_for_claim(claim_key)` gives the device keys other attachments hold."""
+    def resolve(self, event: Event, bound_for_claim: Any, known: dict[str, dict[str, Any]] | None = None) -> Target:
+        """`bound_for_claim(claim_key)` gives the device keys other attachments hold; `known` are
+        claim copies the caller knows to be current (by "namespace/name"): not read again."""
         if not event.has_pod_identity:
             raise Unresolvable("event has no pod identity (K8S_POD_NAMESPACE/K8S_POD_NAME)")
         pod_ref = event.pod
@@ -308,7 +309,8 @@ class Resolver:
         ours: list[str] = []  # claims with results of the driver
         for name in names:
             try:
-                target = self._match_claim(pod_ref.namespace, name, uid, event, bound_for_claim, waiting, ours)
+                target = self._match_claim(pod_ref.namespace, name, uid, event, bound_for_claim, waiting, ours,
+                                           (known or {}).get(f"{pod_ref.namespace}/{name}"))
             except Unresolvable as exc:
                 if exc.reason != "AllocatedToOtherNode":
                     raise
@@ -335,8 +337,10 @@ class Resolver:
 
     def _match_claim(
         self, namespace: str, name: str, pod_uid: str, event: Event, bound_for_claim: Any, waiting: list[str],
-        ours: list[str],
+        ours: list[str], known: dict[str, Any] | None = None,
     ) -> Target | None:
+        if known is not None:
+            return self._target(namespace, name, known, pod_uid, event, bound_for_claim, waiting, ours)
         try:
             if self.claims is not None:
                 claim = self.claims.read(namespace, name)

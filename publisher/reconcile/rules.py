@@ -55,6 +55,15 @@ from publisher.reconcile.writer import backoff_delay
 
 
 @dataclass
+class _Hold:
+    """A claim whose apply waits for the rest of one sandbox's ADDs (Rules._hold)."""
+
+    first: float  # node time of the sandbox's first held ADD on the claim
+    claim: dict[str, Any] | None = None  # the copy that ADD read, while no other change came
+    tick: int | None = None  # the ClaimChanges tick that copy is current at
+
+
+@dataclass
 class RuleSettings:
     resolve_timeout: float = 120.0
     retry_cap: float = 5.0
@@ -103,7 +112,7 @@ class Rules:
         self.claim_retry = claim_retry
         self.held = held  # housekeeping: a held claim is due at the hold's end
         self.log = logs.get()
-        self._holds: OrderedDict[tuple[str, str], float] = OrderedDict()  # (claim, sandbox) -> first ADD
+        self._holds: OrderedDict[tuple[str, str], _Hold] = OrderedDict()  # (claim, sandbox) -> its hold
         self._holds_lock = threading.Lock()
 
     def process(self, p: Pending) -> None:
@@ -143,9 +152,12 @@ class Rules:
                 self.metrics.apply_skips.inc()
                 return
         read_at = self.reconciler.changes.now()  # before the resolver reads the claim
-        target = self._resolve(p)
+        known = self._held_copies(ev.container_id)
+        target = self._resolve(p, {key: hold.claim for key, hold in known.items()})
         if target is None:
             return
+        if target.claim_key in known and target.claim is known[target.claim_key].claim:
+            read_at = known[target.claim_key].tick  # the copy is as current as when the hold took it
         att = self._attachment(p, target, current)
         if att is None:
             return
@@ -173,7 +185,10 @@ class Rules:
             dirty = self._add_dirty(target, before, current)
             hold = self._hold(target, ev) if len(dirty) == 1 else 0.0
             self.journal.finish(p.seq, "done", "", upsert=[att], dirty=dirty, lease=hold or limits.DIRTY_LEASE)
-            return dirty, self.reconciler.changes.record([target.claim_key], read_at), hold > 0
+            tick = self.reconciler.changes.record([target.claim_key], read_at)
+            if hold:
+                self._keep_copy(target, ev.container_id, tick)
+            return dirty, tick, hold > 0
 
     def _hold(self, target: Target, ev: Event) -> float:
         """Seconds left to hold the claim's apply for this sandbox's ADDs of its other devices (0: apply now).
@@ -198,14 +213,31 @@ class Rules:
                 return 0.0
             if key not in self._holds and len(self._holds) >= limits.MAX_HOLDS:
                 return 0.0
-            first = self._holds.setdefault(key, now)
+            first = self._holds.setdefault(key, _Hold(now)).first
             left = first + self.settings.sibling_hold - now
             if left <= 0:
                 del self._holds[key]
                 return 0.0
-            while len(self._holds) > 0 and next(iter(self._holds.values())) + self.settings.sibling_hold < now:
+            while self._holds and next(iter(self._holds.values())).first + self.settings.sibling_hold < now:
                 self._holds.popitem(last=False)  # ended holds of sandboxes whose last ADD never came
             return left
+
+    def _keep_copy(self, target: Target, container_id: str, tick: int | None) -> None:
+        """The held claim as the resolver read it, and the tick up to which it is known current
+        (None: another change of the claim came in between, the next ADD reads it again)."""
+        with self._holds_lock:
+            hold = self._holds.get((target.claim_key, container_id))
+            if hold is not None:
+                hold.claim, hold.tick = (target.claim, tick) if tick is not None else (None, None)
+
+    def _held_copies(self, container_id: str) -> dict[str, _Hold]:
+        """The claims this sandbox's earlier ADDs hold, with a copy still current and the hold not
+        over: its next ADD resolves against that copy instead of reading the claim again."""
+        now = node_seconds()
+        with self._holds_lock:
+            return {claim: hold for (claim, cid), hold in self._holds.items()
+                    if cid == container_id and hold.claim is not None and hold.tick is not None
+                    and now < hold.first + self.settings.sibling_hold}
 
     @staticmethod
     def _add_dirty(target: Target, *previous: Attachment | None) -> list[tuple[str, str]]:
@@ -330,9 +362,9 @@ class Rules:
             return out
         return bound
 
-    def _resolve(self, p: Pending) -> Target | None:
+    def _resolve(self, p: Pending, known: dict[str, dict[str, Any]] | None = None) -> Target | None:
         try:
-            return self.resolver.resolve(p.event, self._bound(p.event))
+            return self.resolver.resolve(p.event, self._bound(p.event), known)
         except NotOurs as exc:  # an ordinary pod (no claim of the driver, or none for the request): done, no Event
             self.journal.finish(p.seq, "done", f"nothing to publish: {exc}")
             self.report.ignored(p.event, exc.reason, str(exc))

@@ -27,6 +27,11 @@ def applies(publisher) -> float:
     return publisher.metric('netclaim_api_requests_by_purpose_total{purpose="apply"}')
 
 
+def reads(publisher) -> float:
+    return sum(publisher.metric(f'netclaim_api_requests_by_purpose_total{{purpose="{p}"}}')
+               for p in ("resolve-get", "resolve-watch"))
+
+
 def add(publisher, cid: str, pod: PodRef, ifname: str, request_name: str, ip: str) -> None:
     event = wire_event("ADD", cid, pod, cni_result(ifname=ifname, ipv4=ip, ipv6=None), ifname=ifname,
                        request_name=request_name)
@@ -36,7 +41,7 @@ def add(publisher, cid: str, pod: PodRef, ifname: str, request_name: str, ip: st
 def test_a_sandboxs_networks_on_one_claim_are_written_in_one_apply(cluster: Cluster, publisher):
     claim, uid = cluster.pod_with_claim("three", [("nic", "nic0"), ("nic2", "nic1"), ("nic3", "nic2")])
     pod, cid = PodRef(cluster.namespace, "three", uid), "c" + suffix()
-    before = applies(publisher)
+    before, read_before = applies(publisher), reads(publisher)
     for ifname, request_name, ip in NETWORKS:  # as Multus runs them: one after another
         add(publisher, cid, pod, ifname, request_name, ip)
         time.sleep(0.1)
@@ -45,6 +50,7 @@ def test_a_sandboxs_networks_on_one_claim_are_written_in_one_apply(cluster: Clus
     assert entries(cluster.devices(claim)) == {"nic0": ["10.77.0.5/24"], "nic1": ["10.78.0.5/24"],
                                                "nic2": ["10.79.0.5/24"]}
     assert applies(publisher) - before == 1, "one apply for the sandbox's three networks"
+    assert reads(publisher) - read_before == 1, "the next ADDs resolve against the copy the first one read"
     assert publisher.metric("netclaim_apply_holds_total") == 2
 
 
