@@ -23,6 +23,7 @@ import click
 
 from cni_plugin import __version__
 from cni_plugin.wire import DEFAULT_SOCKET, DEFAULT_SPOOL_DIR, PROTOCOL_VERSION, encode_frame, read_frame
+from publisher import limits
 
 PROG = "netclaim-publisher"
 
@@ -148,6 +149,11 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               show_default=True, type=click.FloatRange(0, None),
               help="Random extra seconds (uniform) added to each claim's --verify-after, so the reads are spread "
                    "evenly over time and nodes.")
+@click.option("--sibling-hold", envvar="NETCLAIM_SIBLING_HOLD", show_envvar=True, default=limits.SIBLING_HOLD,
+              show_default=True, type=click.FloatRange(0, 30),
+              help="Seconds a claim's apply may wait, after a sandbox's first ADD on it, for the same sandbox's "
+                   "ADDs of the claim's other devices (Multus runs networks one after another): one apply for "
+                   "them all. 0: every ADD applies at once.")
 @click.option("--claim-window", envvar="NETCLAIM_CLAIM_WINDOW", show_envvar=True, default=0.0,
               show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds a claim stays watched after netclaim's apply: a change that drops or alters its "
@@ -189,7 +195,7 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
                    "directory; without them the watch is off and says so in /readyz).")
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
         metrics_address: str, probe_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
-        allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, verify_after: float,
+        allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, sibling_hold: float, verify_after: float,
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
         unchained_grace: float, durable_commits: str, live_watch: bool) -> None:
@@ -219,7 +225,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     kube = Kube(api_client_for(kubeconfig, pool), metrics.record_api,
                 credentials=Credentials(kubeconfig, pool), count_purpose=metrics.record_purpose)
     settings = Settings(node_name=node_name, state_dir=state_dir, spool_dir=spool_dir, workers=workers,
-                        resolve_timeout=resolve_timeout, verify_after=verify_after, verify_spread=verify_spread,
+                        resolve_timeout=resolve_timeout, sibling_hold=sibling_hold,
+                        verify_after=verify_after, verify_spread=verify_spread,
                         claim_window=claim_window, max_claim_windows=max_claim_windows,
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
                         driver_names=driver_names, unchained_grace=unchained_grace,

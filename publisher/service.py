@@ -56,6 +56,7 @@ class Settings:
     spool_dir: str
     workers: int = 4
     resolve_timeout: float = 120.0
+    sibling_hold: float = limits.SIBLING_HOLD  # publisher/reconcile/rules.py Rules._hold
     verify_after: float = 86400.0  # safety net: each claim verified after this + uniform[0, spread] s
     verify_spread: float = 43200.0
     claim_window: float = 0.0  # seconds a claim stays watched after netclaim's apply (0, the default: no watch)
@@ -111,7 +112,7 @@ class Service:
         self.live_watch = LiveWatch(self.journal, metrics, self.housekeeping.wake.set, self.stopping,
                               LiveSettings(enabled=settings.live_watch))
         self.rules = Rules(self.journal, self.resolver, self.reconciler, self.report,
-                           RuleSettings(settings.resolve_timeout, settings.retry_cap), self.housekeeping.claim_retry,
+                           RuleSettings(settings.resolve_timeout, settings.retry_cap, settings.sibling_hold), self.housekeeping.claim_retry,
                            held=self.housekeeping.held)
         self._threads: list[threading.Thread] = []
         self.down: dict[str, str] = {}  # thread name -> why it is being restarted
