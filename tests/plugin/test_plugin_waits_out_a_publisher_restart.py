@@ -27,8 +27,9 @@ def test_an_add_during_a_publisher_restart_is_acked_when_the_spool_is_read_only(
     restart = threading.Timer(0.5, lambda: came_back.append(PublisherDouble(dirs.socket)))
     restart.start()
     try:
+        # A wait far longer than the restart, so a loaded machine's scheduling cannot end it first.
         rc, out, err = add(plugin_exe, dirs, prev_result(), spoolDir=spool, failurePolicy="Fail",
-                           handoffWaitMs=None)  # the default wait
+                           handoffWaitMs=20000)
     finally:
         restart.join()
     try:
