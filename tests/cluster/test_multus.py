@@ -178,6 +178,9 @@ def test_two_networks_on_one_request_are_refused_not_guessed(mcluster: RealClust
         return bool(json.loads(out)["items"])
 
     wait_until(warned, f"an AmbiguousDevice Warning on claim {claim}", timeout=30)
+    # eth0's entry waits, at most for the sibling hold, for the ADDs of the claim's other devices,
+    # which never map: wait for it, then nothing else may be there.
+    wait_until(lambda: "eth0" in multinet.view(mcluster, mns, "p").entries, "eth0's entry", timeout=30)
     v = multinet.view(mcluster, mns, "p")
     assert sorted(v.entries) == ["eth0"], f"entries for {sorted(v.entries)}: a guess"
     (eth0,) = v.entries["eth0"]
