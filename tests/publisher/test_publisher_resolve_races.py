@@ -35,8 +35,8 @@ def meanwhile(svc: Service, monkeypatch: Any, add: Event, other_worker: Any) -> 
     """Run `other_worker()` after the resolver read the claim for `add`, before `add` commits."""
     real = svc.resolver.resolve
 
-    def resolve(event: Event, bound: Any) -> Any:
-        target = real(event, bound)
+    def resolve(event: Event, bound: Any, known: Any = None) -> Any:
+        target = real(event, bound, known)
         if event.event_id == add.event_id:
             other_worker()
         return target
