@@ -48,7 +48,7 @@ from publisher.journal.order import BootOrder
 from publisher.kube.calls import PermanentError, TransientError
 from publisher.limits import InvalidEntry
 from publisher.reconcile.mapper import map_event
-from publisher.reconcile.reconciler import Reconciler, newest_sandbox
+from publisher.reconcile.reconciler import Reconciler, claim_facts, newest_sandbox
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.resolver import NotOurs, NotYet, Resolver, Target, Unresolvable, device_key, driver_results
 from publisher.reconcile.writer import backoff_delay
@@ -197,18 +197,16 @@ class Rules:
         other pods' to attach), and counted from the sandbox's first ADD on the claim, so a
         device no ADD will ever come for delays the entry by SIBLING_HOLD at most.
         """
-        status = target.claim.get("status") or {}
-        reserved = [r.get("uid") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"]
         key = (target.claim_key, ev.container_id)
-        if self.settings.sibling_hold <= 0 or ev.pod is None or reserved != [ev.pod.uid]:
+        if self.settings.sibling_hold <= 0 or ev.pod is None or claim_facts(target.claim)[3] != {ev.pod.uid}:
             return 0.0
-        attached = {a.device_key for a in self.journal.for_claim(target.claim_namespace, target.claim_name)
-                    if a.container_id == ev.container_id}
-        attached.add(target.device_key)
-        awaited = [r for r in driver_results(target.claim, target.driver) if device_key(r) not in attached]
+        others = {device_key(r) for r in driver_results(target.claim, target.driver)} - {target.device_key}
+        if others:  # a claim of one device (most pods) needs no look at the journal
+            others -= {a.device_key for a in self.journal.for_claim(target.claim_namespace, target.claim_name)
+                       if a.container_id == ev.container_id}
         now = node_seconds()
         with self._holds_lock:
-            if not awaited:
+            if not others:
                 self._holds.pop(key, None)
                 return 0.0
             if key not in self._holds and len(self._holds) >= limits.MAX_HOLDS:
