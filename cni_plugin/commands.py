@@ -31,6 +31,7 @@ def _event(op: str, env: Env, conf: NetConf, **fields: Any) -> wire.Event:
         netns=env.netns,
         network=conf.name,
         request=conf.request,
+        device_id=conf.device_id,
         pod=wire.PodRef(*pod) if pod else None,
         cni_version=conf.cni_version,
         **fields,
@@ -85,9 +86,34 @@ def cmd_add(env: Env, conf: NetConf, log: Log) -> dict[str, Any]:
         except CNIError as exc:
             # Report-only: a missing MAC/MTU must not fail the pod; report what we have.
             log.warning("interface read-back failed", error=exc.msg)
+    _check_device_id(conf, current, index, log)
     outcome = handoff.deliver(_event("ADD", env, conf, result=current), conf, log, may_fail=True)
     log.info("ADD done", handoff=outcome)
     return results.from_current(current, conf.cni_version)
+
+
+def _check_device_id(conf: NetConf, current: dict[str, Any], index: int | None, log: Log) -> None:
+    """Believe the result's `pciID` of the sandbox interface over the ID the meta plugin asked for.
+
+    The result says which device the interface is really on; the requested ID says which one it
+    was meant to be. They differ only when a delegate took another device, and the entry must
+    describe the interface as it is: the publisher maps by the result's, and the log says so.
+    """
+    if index is None:
+        return
+    pci = current["interfaces"][index].get("pciID")
+    if not isinstance(pci, str) or not pci:
+        return
+    from .deviceid import normalize, problem
+
+    if problem(pci):
+        log.warning("the result's pciID is not used", why=problem(pci))
+        return
+    found = normalize(pci)
+    if conf.device_id and conf.device_id != found:
+        log.warning("the interface is on another device than the one the meta plugin named",
+                    requested=conf.device_id, pciID=found)
+    conf.device_id = found
 
 
 def cmd_del(env: Env, conf: NetConf, log: Log) -> None:

@@ -255,7 +255,7 @@ class InterfaceConf:
 class NetConf:
     """The `"type": "netclaim"` entry of a conflist, as the runtime passed it."""
 
-    __slots__ = ("cni_version", "name", "driver", "request", "socket_path", "spool_dir", "state_dir",
+    __slots__ = ("cni_version", "name", "driver", "request", "device_id", "socket_path", "spool_dir", "state_dir",
                  "log_file", "failure_policy", "ack_timeout", "handoff_wait", "spool_max_files", "spool_max_bytes", "interface",
                  "prev_result", "raw")
 
@@ -269,6 +269,7 @@ class NetConf:
         self.name = name
         self.driver = driver
         self.request = request
+        self.device_id = ""  # the device the meta plugin chose for this network (device_id below)
         self.socket_path = socket_path
         self.spool_dir = spool_dir
         self.state_dir = state_dir
@@ -410,6 +411,30 @@ def parse_interface(block: object) -> InterfaceConf | None:
     return conf
 
 
+# Where a meta plugin puts the device it chose for a network, in the order they are believed:
+# the `deviceID` capability's runtimeConfig (libcni passes it only to a plugin declaring it),
+# then Multus's top-level `deviceID` (injected into every plugin of the delegate), then the
+# SR-IOV convention `pciBusID`.
+DEVICE_ID_KEYS = (("runtimeConfig", "deviceID"), ("", "deviceID"), ("", "pciBusID"))
+
+
+def device_id(raw: dict[str, Any]) -> str:
+    """The device ID this attachment was given, normalised ('' when none): error 7 naming the
+    field when one is not a string of a sane length."""
+    from .deviceid import normalize, problem
+
+    for block_key, key in DEVICE_ID_KEYS:
+        block = raw.get(block_key) if block_key else raw
+        if not isinstance(block, dict) or block.get(key) in (None, ""):
+            continue
+        field = f"{block_key}.{key}" if block_key else key
+        why = problem(block[key])
+        if why:
+            raise config_error(field, why)
+        return normalize(block[key])
+    return ""
+
+
 def _driver(raw: dict[str, Any]) -> str:
     driver = _string(raw, "driverName", "", required=True)
     if len(driver) > 63:
@@ -441,6 +466,7 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
         log_file=_log_file(raw),
         raw=raw,
     )
+    conf.device_id = device_id(raw)
     policy = raw.get("failurePolicy")
     if policy is None:  # null is "absent", as for every optional field
         policy = "Ignore"
@@ -495,6 +521,7 @@ def tolerant_netconf(raw: dict[str, Any]) -> tuple[NetConf, list[str]]:
         log_file=keep(lambda: _log_file(raw), ""),
         raw=raw,
     )
+    conf.device_id = keep(lambda: device_id(raw), "")
     timeout = keep(lambda: _int(raw, "ackTimeoutMs", "ackTimeoutMs", 1, 60000), None)
     if timeout is not None:
         conf.ack_timeout = timeout / 1000

@@ -40,6 +40,7 @@ from __future__ import annotations
 import time
 
 from . import posixos as os
+from .deviceid import problem as device_id_problem
 from .jsonio import MAX_JSON_DEPTH, JSONError, dumps, loads, too_deep
 from .safefs import (
     DIR_FLAGS as _DIR_FLAGS,
@@ -205,6 +206,7 @@ class Event(_Record):
         "netns": "",
         "network": "",
         "request": "",
+        "device_id": "",
         "pod": None,
         "result": None,
         "check_error": "",
@@ -224,6 +226,7 @@ class Event(_Record):
     netns: str
     network: str
     request: str
+    device_id: str  # normalised (cni_plugin/deviceid.py); "" when the meta plugin gave none
     pod: PodRef | None
     result: dict | None
     check_error: str
@@ -248,6 +251,8 @@ class Event(_Record):
 
     def to_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.FIELDS}
+        if not self.device_id:  # sent only when there is one: every other event stays as before
+            del out["device_id"]
         if self.pod is not None:
             out["pod"] = self.pod.to_dict()
         return out
@@ -272,7 +277,7 @@ class Event(_Record):
                 raise WireError(f"event field {name!r} must be a non-empty string")
         if data["op"] not in OPS:
             raise WireError(f"event op {data['op']!r} is not one of {', '.join(OPS)}")
-        for name in ("netns", "network", "request", "check_error", "cni_version", "event_id"):
+        for name in ("netns", "network", "request", "device_id", "check_error", "cni_version", "event_id"):
             if name in data and not isinstance(data[name], str):
                 raise WireError(f"event field {name!r} must be a string")
         pod = data.get("pod")
@@ -297,6 +302,8 @@ class Event(_Record):
         ts = data.get("timestamp", 0.0)
         if not isinstance(ts, (int, float)) or isinstance(ts, bool):
             raise WireError("event field 'timestamp' must be a number")
+        if data.get("device_id") and device_id_problem(data["device_id"]):
+            raise WireError(f"event field 'device_id' {device_id_problem(data['device_id'])}")
         order = data.get("order")
         if order is not None and not _valid_order(order):
             raise WireError("event field 'order' must be [boot id, boottime ns, wall ns]")
