@@ -154,6 +154,12 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               help="Seconds a claim's apply may wait, after a sandbox's first ADD on it, for the same sandbox's "
                    "ADDs of the claim's other devices (Multus runs networks one after another): one apply for "
                    "them all. 0: every ADD applies at once.")
+@click.option("--device-id-attribute", "device_id_attributes", envvar="NETCLAIM_DEVICE_ID_ATTRIBUTES",
+              show_envvar=True, multiple=True,
+              help="A ResourceSlice attribute that holds a device's ID, qualified with its domain (repeatable, "
+                   "first found wins; the variable: space-separated). An interface whose meta plugin handed it a "
+                   "device ID (Multus: deviceID) is mapped to the allocated device carrying that ID. Default: "
+                   "k8s.cni.cncf.io/deviceID, then resource.kubernetes.io/pciBusID.")
 @click.option("--claim-window", envvar="NETCLAIM_CLAIM_WINDOW", show_envvar=True, default=0.0,
               show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds a claim stays watched after netclaim's apply: a change that drops or alters its "
@@ -198,9 +204,16 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, sibling_hold: float, verify_after: float,
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
-        unchained_grace: float, durable_commits: str, live_watch: bool) -> None:
+        unchained_grace: float, durable_commits: str, live_watch: bool, device_id_attributes: tuple[str, ...]) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
     import sqlite3
+
+    from publisher.reconcile.slices import DEFAULT_DEVICE_ID_ATTRIBUTES, check_attribute_names
+
+    try:
+        id_attributes = check_attribute_names(device_id_attributes) or DEFAULT_DEVICE_ID_ATTRIBUTES
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--device-id-attribute") from None
 
     # Nothing the publisher creates (journal, its -wal/-shm, socket dir) is for other users,
     # whatever umask the unit or the container runtime started us with.
@@ -230,7 +243,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                         claim_window=claim_window, max_claim_windows=max_claim_windows,
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
                         driver_names=driver_names, unchained_grace=unchained_grace,
-                        durable_commits=durable, live_watch=live_watch)
+                        durable_commits=durable, live_watch=live_watch, device_id_attributes=id_attributes)
     done = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -34,6 +34,11 @@ DIRTY_LEASE = 30.0  # seconds housekeeping leaves a claim alone that the committ
 # of one per network while the pod starts. The pod is not Ready before its last network anyway.
 SIBLING_HOLD = 1.0
 MAX_HOLDS = 1024  # sandboxes whose claim apply is being held, at most (beyond: apply at once)
+# A driver's ResourceSlices as read for a device choice (interface names, device IDs) are used
+# this long; a device asked about that they lack makes them read again, at most once per
+# SLICE_REREAD seconds (a device the slices never show costs no request per ADD).
+SLICE_CACHE = 30.0
+SLICE_REREAD = 1.0
 CLAIM_STATE_RETENTION = 3600.0  # seconds an untracked claim's state stays in `status`
 STATUS_MAX_CLAIMS = 500  # claims listed by `status` (errors first): one frame stays small
 CREDENTIALS_RELOAD = 60.0  # seconds between re-reads of the kubeconfig / projected token

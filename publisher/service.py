@@ -42,6 +42,7 @@ from publisher.reconcile.podcache import PodCache
 from publisher.reconcile.reconciler import Reconciler
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.resolver import Resolver
+from publisher.reconcile.slices import DEFAULT_DEVICE_ID_ATTRIBUTES, SliceFacts
 from publisher.repair.resync import Housekeeping
 from publisher.repair.safetynet import SafetyNet
 from publisher.reconcile.rules import RuleSettings, Rules, result_hash  # noqa: F401  (result_hash: used by tools/tests)
@@ -69,6 +70,8 @@ class Settings:
     unchained_grace: float = 30.0
     durable_commits: bool = False  # fsync every journal commit (publisher/journal/durability.py decides)
     live_watch: bool = True  # follow each attachment's interface in its netns (publisher/live/)
+    # Slice attributes an event's device ID is matched against (publisher/reconcile/slices.py).
+    device_id_attributes: tuple[str, ...] = DEFAULT_DEVICE_ID_ATTRIBUTES
 
 
 class Service:
@@ -98,9 +101,10 @@ class Service:
         self.windows = ClaimWindows(kube, self.writer.field_manager, self._drifted, self.stopping,
                                     settings.claim_window, settings.max_claim_windows,
                                     on_gauge=metrics.claim_windows.set)
-        self.resolver = Resolver(kube, settings.node_name, self.pods, self.windows)
+        slices = SliceFacts(kube, settings.node_name, settings.device_id_attributes)
+        self.resolver = Resolver(kube, settings.node_name, self.pods, self.windows, slices)
         self.reconciler = Reconciler(kube, self.journal, self.writer, self.pods, settings.node_name, self.report,
-                                     windows=self.windows, verified=self.safety.verified)
+                                     windows=self.windows, verified=self.safety.verified, slices=slices)
         self._wake = [threading.Event() for _ in range(settings.workers)]
         self.intake = Intake(self.journal, settings.spool_dir, settings.node_name, self.report, self._notify,
                              self.health)

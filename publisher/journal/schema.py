@@ -94,7 +94,10 @@ MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),
               # The sandbox's netns path (from the ADD) and what the live-interface watch last
               # saw there (publisher/live/): the entry shows that over the ADD's networkData.
               ("attachments", "netns", "TEXT NOT NULL DEFAULT ''"),
-              ("attachments", "live", "TEXT NOT NULL DEFAULT ''"))
+              ("attachments", "live", "TEXT NOT NULL DEFAULT ''"),
+              # The device ID the plugin sent (a meta plugin's deviceID): on reallocation the
+              # attachment goes to the allocated device carrying it, as its ADD did.
+              ("attachments", "device_id", "TEXT NOT NULL DEFAULT ''"))
 # The journal's schema version, kept in SQLite's `PRAGMA user_version`: 1 is the first
 # release's tables, and each migration adds one, so adding a migration is what bumps it.
 # Journals written before versions existed read 0 and are migrated by their columns.
@@ -171,6 +174,7 @@ class Attachment:
     # What the live-interface watch saw in the netns when it differs from the ADD (or after a
     # first change): publisher/live/status.py; {} while the ADD's networkData is the truth.
     live: dict = field(default_factory=dict)
+    device_id: str = ""  # normalised device ID of the ADD (cni_plugin/deviceid.py); "" when none
 
     @property
     def claim_key(self) -> str:

@@ -44,6 +44,7 @@ from publisher.journal.order import BootOrder
 from publisher.live.status import shown_entry
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.resolver import Unresolvable, allocated_node, choose_device, device_key
+from publisher.reconcile.slices import SliceFacts
 from publisher.reconcile.writer import Writer, body_hash, owned_keys, sort_entries
 
 
@@ -84,13 +85,22 @@ def hidden_reason(att: Attachment, node: str, facts: tuple[str, str | None, set,
     return ""
 
 
-def rechoose(att: Attachment, claim: dict[str, Any], bound: set[tuple[str, str, str, str]]) -> Attachment | None:
-    """The attachment on the device the resolver's rule picks in the claim as it is now, or None."""
+SliceLookup = Callable[[str, list[tuple[str, str]]], dict[tuple[str, str], Any]]
+
+
+def rechoose(att: Attachment, claim: dict[str, Any], bound: set[tuple[str, str, str, str]],
+             slice_facts: SliceLookup | None = None) -> Attachment | None:
+    """The attachment on the device the resolver's rule picks in the claim as it is now, or None.
+
+    With the ADD's request and device ID: an interface on a VF stays on the allocated device
+    that carries the VF's ID (`slice_facts(driver, keys)`, publisher/reconcile/slices.py).
+    """
     ev = Event(op="ADD", container_id=att.container_id, ifname=att.ifname, driver=att.driver,
-               network=att.network, request=att.request, order=att.stamp,
+               network=att.network, request=att.request, device_id=att.device_id, order=att.stamp,
                pod=PodRef(att.pod_namespace, att.pod_name, att.pod_uid))
+    lookup = (lambda keys: slice_facts(att.driver, keys)) if slice_facts else None
     try:
-        result = choose_device(claim, ev, bound)
+        result = choose_device(claim, ev, bound, lookup)
     except Unresolvable:
         return None
     if result is None:
@@ -115,7 +125,8 @@ def newest_sandbox(atts: list[Attachment], order: BootOrder) -> Attachment:
 
 
 def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
-         pod_alive: Callable[[Attachment], bool], order: BootOrder) -> Desired:
+         pod_alive: Callable[[Attachment], bool], order: BootOrder,
+         slice_facts: SliceLookup | None = None) -> Desired:
     """Which attachments the claim's status shows, hides, or forgets (pure but for pod_alive)."""
     facts = claim_facts(claim)
     out = Desired()
@@ -138,7 +149,7 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
             live.append(att)
     for att in homeless:  # reallocated with other devices: choose again, as for a new ADD
         others = {a.device_key for a in live if (a.pod_namespace, a.pod_name) != (att.pod_namespace, att.pod_name)}
-        moved = rechoose(att, claim, others)
+        moved = rechoose(att, claim, others, slice_facts)
         if moved is None:
             if not pod_alive(att):
                 out.dropped.append((att, f"pod {att.pod_namespace}/{att.pod_name} is gone"))
@@ -212,8 +223,9 @@ class ClaimChanges:
 class Reconciler:
     def __init__(self, kube: Kube, journal: Journal, writer: Writer, pods: Any, node: str,
                  reporter: Reporter, order: BootOrder | None = None, windows: Any = None,
-                 verified: Callable[[str], None] = lambda key: None) -> None:
+                 verified: Callable[[str], None] = lambda key: None, slices: SliceFacts | None = None) -> None:
         self.kube = kube
+        self.slices = slices or SliceFacts(kube, node)
         self.windows = windows  # publisher/repair/claimwatch.py ClaimWindows, told of every settled claim
         self.verified = verified  # told when a claim was compared with the live cluster and settled
         self.journal = journal
@@ -231,6 +243,9 @@ class Reconciler:
         # claim -> (driver, allocation fingerprint): a driver whose entries the API refuses
         # on this claim, left out until the claim's allocation or reservations change.
         self._quarantine: dict[str, tuple[str, str]] = {}
+
+    def _slice_facts(self, driver: str, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+        return self.slices.facts(driver, keys)
 
     def forget_inactive(self, active: set[str]) -> None:
         """Bound memory: refusals of claims no attachment refers to any more are forgotten."""
@@ -269,7 +284,7 @@ class Reconciler:
                     return False
             gen = self.journal.dirty_gen(ns, name)  # a mark made after this read outlives the reconcile
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
-            desired = plan(claim, atts, self.node, self._pod_alive, self.order)
+            desired = plan(claim, atts, self.node, self._pod_alive, self.order, self._slice_facts)
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):
                 self.journal.clean(ns, name, gen)

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterable
 from cni_plugin.wire import Event, legacy_order, new_order
 
 from publisher import limits
-from publisher.kube.calls import Forbidden, Kube, NotFound, PermanentError
+from publisher.kube.calls import Kube, NotFound
+from publisher.reconcile.slices import DeviceFacts, SliceFacts
 
 
 class NotYet(Exception):
@@ -209,25 +210,58 @@ def _candidates(claim: dict[str, Any], event: Event) -> tuple[list[dict[str, Any
     return results, "driver"
 
 
+def _key(result: dict[str, Any]) -> tuple[str, str]:
+    return (result.get("pool", ""), result.get("device", ""))
+
+
+def _by_device_id(chosen: list[dict[str, Any]], event: Event, how: str,
+                  facts: dict[tuple[str, str], DeviceFacts]) -> list[dict[str, Any]]:
+    """The candidates left once the event's device ID is known: the one device carrying it.
+
+    A candidate that publishes another ID is never this interface's; candidates that publish
+    none are left to the other rules (a driver that names no IDs). Raises Unresolvable when
+    every candidate publishes an ID and none is this one, or several are.
+    """
+    ids = {_key(r): facts[_key(r)].device_id for r in chosen if _key(r) in facts and facts[_key(r)].device_id}
+    matched = [r for r in chosen if ids.get(_key(r)) == event.device_id]
+    if len(matched) > 1:
+        listed = ", ".join(f"{p}/{d}" for p, d in map(_key, matched))
+        raise Unresolvable(f"several devices by {how} carry device ID {event.device_id}: {listed}", "AmbiguousDevice")
+    if matched:
+        return matched
+    unnamed = [r for r in chosen if _key(r) not in ids]
+    if not unnamed:
+        listed = ", ".join(f"{p}/{d}={ids[(p, d)]}" for p, d in map(_key, chosen))
+        raise Unresolvable(f"interface {event.ifname} is on device ID {event.device_id}, which no device allocated "
+                           f"by {how} carries ({listed})", "DeviceIDNotAllocated")
+    return unnamed
+
+
 def choose_device(
     claim: dict[str, Any], event: Event, bound: Iterable[tuple[str, str, str, str]],
-    slice_names: Callable[[], dict[tuple[str, str], str]] | None = None,
+    slice_facts: Callable[[list[tuple[str, str]]], dict[tuple[str, str], DeviceFacts]] | None = None,
 ) -> dict[str, Any] | None:
     """The allocation result for this attachment, None if the claim has none of ours.
 
-    Deterministic, in this order: the only candidate (request / opaque config,
-    _candidates); among several, the one whose ResourceSlice attribute
-    `interfaceName` names this interface (`slice_names()` is only asked then,
-    it costs a request); else the only one no other attachment holds. A single
-    candidate held by another pod's attachment is a shared device: it is
-    chosen (docs/publisher.md "Shared devices"). Raises Unresolvable
-    (AmbiguousDevice) when several still fit.
+    Deterministic, in this order: the candidates (request / opaque config, _candidates); when
+    the event carries a device ID, the one carrying it in the slices (_by_device_id); the only
+    candidate left; among several, the one whose ResourceSlice attribute `interfaceName` names
+    this interface; else the only one no other attachment holds. The slices
+    (`slice_facts(candidate keys)`) are only asked for a device ID or among several candidates.
+    A single candidate held by another pod's attachment is a shared device: it is chosen
+    (docs/publisher.md "Shared devices"). Raises Unresolvable (AmbiguousDevice,
+    DeviceIDNotAllocated) rather than guess.
     """
     chosen, how = _candidates(claim, event)
+    facts: dict[tuple[str, str], DeviceFacts] | None = None
+    if event.device_id and chosen:
+        facts = slice_facts([_key(r) for r in chosen]) if slice_facts else {}
+        chosen = _by_device_id(chosen, event, how, facts)
     if len(chosen) <= 1:
         return chosen[0] if chosen else None
-    names = slice_names() if slice_names else {}
-    named = [r for r in chosen if names.get((r.get("pool", ""), r.get("device", ""))) == event.ifname]
+    if facts is None:
+        facts = slice_facts([_key(r) for r in chosen]) if slice_facts else {}
+    named = [r for r in chosen if (facts.get(_key(r)) or DeviceFacts()).interface == event.ifname]
     if len(named) == 1:
         return named[0]
     taken = set(bound)
@@ -241,9 +275,11 @@ def choose_device(
 class Resolver:
     """Pod -> claims -> allocated device, on the live API server."""
 
-    def __init__(self, kube: Kube, node_name: str, pods: Any = None, claims: Any = None) -> None:
+    def __init__(self, kube: Kube, node_name: str, pods: Any = None, claims: Any = None,
+                 slices: SliceFacts | None = None) -> None:
         self.kube = kube
         self.node_name = node_name
+        self.slices = slices or SliceFacts(kube, node_name)
         self.pods = pods  # a PodCache, or None to always GET
         self.claims = claims  # publisher/repair/claimwatch.py ClaimWindows (a watch that stays open), or None to GET
 
@@ -376,7 +412,7 @@ class Resolver:
         key = f"{namespace}/{name}"
         try:
             result = choose_device(claim, event, bound_for_claim(key),
-                                   lambda: self.slice_interface_names(event.driver))
+                                   lambda keys: self.slices.facts(event.driver, keys))
         except Unresolvable as exc:
             raise Unresolvable(f"claim {key}: {exc}", exc.reason, namespace, name, claim_uid) from None
         if result is None:
@@ -391,20 +427,3 @@ class Resolver:
             share_id=result.get("shareID", "") or "",
             claim=claim,
         )
-
-    def slice_interface_names(self, driver: str) -> dict[tuple[str, str], str]:
-        """(pool, device) -> the interface its ResourceSlice attribute `interfaceName` names."""
-        out: dict[tuple[str, str], str] = {}
-        try:
-            slices = self.kube.list_resource_slices(self.node_name, driver).get("items") or []
-        except (PermanentError, Forbidden):  # RBAC without `list resourceslices`: decide without them
-            return out
-        for sl in slices:
-            spec = sl.get("spec") or {}
-            pool = (spec.get("pool") or {}).get("name", "")
-            for dev in spec.get("devices") or []:
-                attrs = dev.get("attributes") or {}
-                attr = attrs.get("interfaceName") or attrs.get(f"{driver}/interfaceName") or {}
-                if isinstance(attr, dict) and isinstance(attr.get("string"), str):
-                    out[(pool, dev.get("name", ""))] = attr["string"]
-        return out

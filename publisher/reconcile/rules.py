@@ -73,6 +73,8 @@ class RuleSettings:
 def result_hash(event: Event) -> str:
     """What makes an ADD the same ADD again: same result, network, request and pod."""
     basis = [event.result, event.network, event.request, event.pod.uid if event.pod else ""]
+    if event.device_id:  # only then: the hashes of every other attachment stay as journaled
+        basis.append(event.device_id)
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
 
 
@@ -337,7 +339,7 @@ class Rules:
             pod_uid=pod.uid if pod and pod.uid else _target_pod_uid(target, ev), claim_namespace=target.claim_namespace,
             claim_name=target.claim_name, claim_uid=target.claim_uid, pool=target.pool, device=target.device,
             share_id=target.share_id, entry=entry, result_hash=result_hash(ev), event_ts=ev.timestamp,
-            stamp=ev.order, request=ev.request, added=ev.order, netns=ev.netns)
+            stamp=ev.order, request=ev.request, added=ev.order, netns=ev.netns, device_id=ev.device_id)
 
     def _shown_entry(self, target: Target, current: Attachment | None) -> dict[str, Any] | None:
         """The entry now published for the device (its Ready lastTransitionTime carries over)."""

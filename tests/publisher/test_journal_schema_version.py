@@ -94,3 +94,39 @@ def test_the_publisher_refuses_to_start_on_a_newer_journal_and_says_what_to_do(w
     assert "cannot start" in err and "schema version 999" in err and "newer" in err, err
     assert "downgrade" in err and "journal.db" in err, err
     assert user_version(state) == 999 and "from_the_future" in columns(state, "attachments")
+
+
+def test_a_journal_of_the_previous_version_keeps_its_rows_and_its_events_keep_their_device_id(workdir):
+    """A publisher upgraded over its journal: the newest column (an attachment's device ID) is
+    added, what was stored is read as before, and a pending ADD keeps the device ID it came with."""
+    from cni_plugin.wire import Event, PodRef
+    from publisher.journal.store import Attachment
+
+    state = workdir / "state"
+    journal = Journal(str(state))
+    att = Attachment(container_id="c1", ifname="net1", driver="vf.example.com", network="vf", pod_namespace="ns",
+                     pod_name="p", pod_uid="u1", claim_namespace="ns", claim_name="vfs", claim_uid="cu",
+                     pool="pool", device="vf-3", share_id="", entry={"device": "vf-3"}, result_hash="h",
+                     event_ts=1.0, request="vf")
+    journal.finish(None, upsert=[att])
+    journal.append(Event(op="ADD", container_id="c1", ifname="net2", driver="vf.example.com", request="vf",
+                         device_id="0000:00:05.3", pod=PodRef("ns", "p", "u1"), result={}))
+    journal.close()
+    newest_table, newest_column, _ = journal_schema.MIGRATIONS[-1]
+    assert (newest_table, newest_column) == ("attachments", "device_id")
+    db = sqlite3.connect(os.path.join(state, "journal.db"))
+    db.execute(f"ALTER TABLE {newest_table} DROP COLUMN {newest_column}")
+    db.execute(f"PRAGMA user_version={journal_schema.SCHEMA_VERSION - 1}")
+    db.commit()
+    db.close()
+
+    journal = Journal(str(state))
+    try:
+        assert user_version(state) == journal_schema.SCHEMA_VERSION
+        kept = journal.attachment("c1", "net1")
+        assert kept is not None and (kept.device, kept.entry, kept.request, kept.device_id) == \
+            ("vf-3", {"device": "vf-3"}, "vf", "")
+        pending = journal.ready(0, 1, float("inf"))
+        assert [(p.event.ifname, p.event.device_id) for p in pending] == [("net2", "0000:00:05.3")]
+    finally:
+        journal.close()
