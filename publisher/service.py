@@ -105,6 +105,7 @@ class Service:
         self.resolver = Resolver(kube, settings.node_name, self.pods, self.windows, slices)
         self.reconciler = Reconciler(kube, self.journal, self.writer, self.pods, settings.node_name, self.report,
                                      windows=self.windows, verified=self.safety.verified, slices=slices)
+        self.reconciler.covered = self.unchained.covered
         self._wake = [threading.Event() for _ in range(settings.workers)]
         self.intake = Intake(self.journal, settings.spool_dir, settings.node_name, self.report, self._notify,
                              self.health)

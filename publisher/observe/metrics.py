@@ -122,6 +122,10 @@ class Metrics:
             "netclaim (started while it was not chained)", registry=r)
         self.pods_unchained_reported = Counter(
             "netclaim_pods_unchained_reported_total", "Pods found started while netclaim was not chained", registry=r)
+        self.devices_unchained_reported = Counter(
+            "netclaim_devices_unchained_reported_total", "Devices of netclaim's drivers in a claimed pod's claims "
+            "that no CNI ADD of netclaim attached, though the pod's sandbox ran netclaim (a network not chained)",
+            registry=r)
         # publisher/live/: the entry follows the interface in the pod's netns after ADD.
         self.interface_changes = Counter(
             "netclaim_interface_changes_total", "Changes of an attachment's interface seen in its netns and "

@@ -226,6 +226,8 @@ class Reconciler:
                  verified: Callable[[str], None] = lambda key: None, slices: SliceFacts | None = None) -> None:
         self.kube = kube
         self.slices = slices or SliceFacts(kube, node)
+        # Told which of the claim's devices each reconcile shows (publisher/repair/unchained.py).
+        self.covered: Callable[[str, dict[str, Any], set[tuple[str, str, str, str]]], None] = lambda *a: None
         self.windows = windows  # publisher/repair/claimwatch.py ClaimWindows, told of every settled claim
         self.verified = verified  # told when a claim was compared with the live cluster and settled
         self.journal = journal
@@ -285,6 +287,7 @@ class Reconciler:
             gen = self.journal.dirty_gen(ns, name)  # a mark made after this read outlives the reconcile
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
             desired = plan(claim, atts, self.node, self._pod_alive, self.order, self._slice_facts)
+            self.covered(key, claim, {a.device_key for a in desired.shown})
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):
                 self.journal.clean(ns, name, gen)

@@ -15,6 +15,14 @@ and nothing else says why. This module tells the operator: a pod that
 gets one Warning Event (reason NetclaimNotChained) and counts in
 netclaim_pods_unchained (now) and netclaim_pods_unchained_reported_total (ever).
 
+A pod whose sandbox did run netclaim, but not for every device of netclaim's drivers
+its claims hold (a secondary network whose chain does not end in netclaim, a
+NetworkAttachmentDefinition that names another request), gets one Warning (reason
+NetclaimDeviceNotChained) naming the devices left without an ADD, and counts in
+netclaim_devices_unchained_reported_total. That costs no request either: every
+reconcile of a claim tells `covered` which of its devices have an entry, from the
+copy of the claim it planned with.
+
 When: a grace period (`grace`, default 30 s) after the pod is first seen
 Running (or after the publisher started, for pods that ran before it). A pod
 the API still shows Running with containers started before this boot is not
@@ -47,9 +55,10 @@ from publisher import logs
 from publisher.clock import boot_began_wall, node_seconds
 from publisher.observe.events import claim_ref, pod_ref
 from publisher.kube.calls import ApiError, Kube, NotFound
-from publisher.reconcile.resolver import pod_claim_names
+from publisher.reconcile.resolver import device_key, pod_claim_names
 
 REASON = "NetclaimNotChained"
+DEVICE_REASON = "NetclaimDeviceNotChained"
 DEFAULT_GRACE = 30.0
 MAX_TRACKED = 4096
 MAX_ADDS = 8192
@@ -141,6 +150,9 @@ class UnchainedPods:
         self._adds: OrderedDict[str, None] = OrderedDict()  # pod UIDs (and ns/name) with an ADD handled
         self._judged: OrderedDict[str, None] = OrderedDict()  # pod UIDs already decided (never again)
         self._not_ours: OrderedDict[tuple[str, str], None] = OrderedDict()  # (ns, name) of others' claims
+        # "ns/claim" -> (devices of netclaim's drivers without an entry, pods the claim is reserved
+        # for), as the claim's last reconcile planned it (`covered`); claims with none are not kept.
+        self._uncovered: OrderedDict[str, tuple[tuple[str, ...], frozenset[str]]] = OrderedDict()
         self._bucket = _Bucket(EVENTS_PER_MINUTE, float(EVENTS_PER_MINUTE))
 
     @property
@@ -179,6 +191,31 @@ class UnchainedPods:
             while len(self._adds) > MAX_ADDS:
                 self._adds.popitem(last=False)
 
+    def covered(self, claim_key: str, claim: dict[str, Any], shown: set[tuple[str, str, str, str]]) -> None:
+        """A reconcile of the claim planned to show the entries of `shown` (device keys)."""
+        if not self.enabled:
+            return
+        status = claim.get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        missing = tuple(f"{r.get('pool', '')}/{r.get('device', '')} (request {r.get('request', '')})"
+                        for r in results if r.get("driver") in self.drivers and device_key(r) not in shown)
+        reserved = frozenset(r.get("uid", "") for r in status.get("reservedFor") or [])
+        with self._lock:
+            self._uncovered.pop(claim_key, None)
+            if missing:
+                self._uncovered[claim_key] = (missing, reserved)
+                while len(self._uncovered) > MAX_CLAIMS:
+                    self._uncovered.popitem(last=False)
+
+    def _gap(self, cand: Candidate) -> tuple[str, tuple[str, ...]] | None:
+        """(claim, devices) of the pod's first claim with devices of netclaim's drivers no ADD attached."""
+        with self._lock:
+            for claim_name in cand.claims:
+                found = self._uncovered.get(f"{cand.namespace}/{claim_name}")
+                if found is not None and cand.uid in found[1]:
+                    return claim_name, found[0]
+        return None
+
     def _forget(self, uid: str) -> None:
         with self._lock:
             cand = self._tracked.pop(uid, None)
@@ -211,12 +248,13 @@ class UnchainedPods:
         for cand in sorted(due, key=lambda c: c.due):
             if pending is not None and pending <= cand.due:
                 continue  # its ADD may still be in the journal's backlog: judge once that is handled
-            if self._added(cand):
-                self._done(cand.uid)
-                continue
-            if attached is None:
+            if attached is None and not self._added(cand):
                 attached = self.attached_pods()
-            if cand.uid in attached:
+            if self._added(cand) or cand.uid in (attached or set()):
+                gap = self._gap(cand)  # chained, but maybe not on every network
+                if gap is not None:
+                    self._report_devices(cand, *gap)
+                    reported += 1
                 self._done(cand.uid)
                 continue
             reported += self._judge(cand)
@@ -293,12 +331,31 @@ class UnchainedPods:
         drivers = sorted({r.get("driver") for r in ((claim.get("status") or {}).get("allocation") or {})
                           .get("devices", {}).get("results", []) if r.get("driver") in self.drivers})
         note = (f"Pod runs with claim {claim_name} allocated to {', '.join(drivers)}, but netclaim saw no CNI ADD "
-                f"for it: its sandbox was created while netclaim was not in this node's CNI chain, so the claim "
-                f"gets no network status. Check the chain keeper (its /readyz, ChainContested Events on the "
-                f"Node); the status appears once the pod is re-created while netclaim is chained.")
+                f"for it: its sandbox was created while netclaim was not in this node's CNI chain, or netclaim ran "
+                f"where it cannot reach this publisher (likely cause with Multus: Multus thick without chrootDir, "
+                f"which runs the delegates in multus-daemon's mount namespace), so the claim gets no network "
+                f"status. Check the chain keeper (its /readyz, ChainContested Events on the Node) and Multus "
+                f"thick's daemon config (chrootDir: /hostroot); the status appears once the pod is re-created "
+                f"while netclaim is chained and reaches the publisher.")
         self.warn(pod_ref(cand.namespace, cand.name, cand.uid), REASON, note,
                   related=claim_ref(cand.namespace, claim_name, (claim.get("metadata") or {}).get("uid", "")),
                   fields=fields)
+
+    def _report_devices(self, cand: Candidate, claim_name: str, devices: tuple[str, ...]) -> None:
+        if self.metrics is not None:
+            self.metrics.devices_unchained_reported.inc(len(devices))
+        fields = {"pod": f"{cand.namespace}/{cand.name}", "pod_uid": cand.uid,
+                  "claim": f"{cand.namespace}/{claim_name}", "devices": list(devices)}
+        self.log.warning("devices of the pod's claim got no CNI ADD of netclaim", extra=fields)
+        if not self._bucket.take():
+            self.log.warning(f"{DEVICE_REASON} Event not posted: rate limit", extra=fields)
+            return
+        note = (f"netclaim ran in this pod's sandbox, but no network attached {', '.join(devices)} of claim "
+                f"{claim_name} through it: the network that attaches it does not end in netclaim (check that "
+                f"network's NetworkAttachmentDefinition or conflist), or its netclaim names another request. "
+                f"That device gets no network status.")
+        self.warn(pod_ref(cand.namespace, cand.name, cand.uid), DEVICE_REASON, note,
+                  related=claim_ref(cand.namespace, claim_name), fields=fields)
 
     def flagged(self) -> int:
         with self._lock:

@@ -83,18 +83,18 @@ def another_spool_pass(p: Publisher) -> None:
 def test_an_unknown_optional_field_is_accepted_on_the_socket_and_from_the_spool_and_logged_once(offline):
     p = offline()
     sent = wire_event("ADD", "cid-sock", POD, cni_result())
-    body = {**sent.to_dict(), "device_id": "0000:3b:00.2"}
+    body = {**sent.to_dict(), "numa_node": 1}
     assert request(p.socket, {"kind": "event", "event": body}) == {"ok": True, "id": sent.event_id}
 
     spooled = wire_event("ADD", "cid-spool", POD, cni_result())
-    spool_file(Path(p.spool), {**spooled.to_dict(), "device_id": "0000:3b:00.3"})
+    spool_file(Path(p.spool), {**spooled.to_dict(), "numa_node": 0})
     wait_until("the spooled event journaled", lambda: spooled.event_id in journaled(p))
     assert journaled(p) == [sent.event_id, spooled.event_id]
     assert not [n for n in os.listdir(p.spool) if n.endswith(".bad")]
     assert rejected(p, "bad_spool_file") == 0 and rejected(p, "bad_event") == 0
-    assert p.metric('netclaim_wire_unknown_fields_total{field="device_id"}') == 2
+    assert p.metric('netclaim_wire_unknown_fields_total{field="numa_node"}') == 2
     lines = [e for e in p.log_events() if e.get("event") == "unknown event field ignored"]
-    assert len(lines) == 1 and lines[0]["field"] == "device_id", lines
+    assert len(lines) == 1 and lines[0]["field"] == "numa_node", lines
 
 
 def test_an_event_of_a_newer_wire_version_is_refused_on_the_socket_with_a_reason(offline):
@@ -197,15 +197,15 @@ def test_unknown_fields_are_dropped_from_the_event_and_told_to_the_hook():
     seen: list[list[str]] = []
     wire.on_unknown_fields(seen.append)
     try:
-        body = {**wire_event("ADD", "c", POD).to_dict(), "device_id": "x",
+        body = {**wire_event("ADD", "c", POD).to_dict(), "numa_node": 1,
                 "pod": {"namespace": "ns", "name": "n", "uid": "u", "labels": {}}}
         event = wire.Event.from_dict(body)
         with pytest.raises(wire.WireError):
             wire.Event.from_dict({**body, "op": "JUMP"})  # malformed: nothing is told of it
     finally:
         wire.on_unknown_fields(None)
-    assert seen == [["device_id", "pod.labels"]]
-    assert "device_id" not in event.to_dict() and event.pod == PodRef("ns", "n", "u")
+    assert seen == [["numa_node", "pod.labels"]]
+    assert "numa_node" not in event.to_dict() and event.pod == PodRef("ns", "n", "u")
     assert wire.Event.from_dict(event.to_dict()).to_dict() == event.to_dict()
 
 
