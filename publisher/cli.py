@@ -258,7 +258,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         return
     try:
         service = Service(settings, kube, metrics)
-        server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid)
+        server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid,
+                              resync=service.request_resync)
         health = HealthServer(metrics_address, metrics, service.ready, service.live) if metrics_address else None
         probes = (HealthServer(probe_address, metrics, service.ready, service.live, probes_only=True)
                   if probe_address else None)
@@ -514,15 +515,36 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         pass  # not glibc: nothing to tune
 
 
-def request_status(socket_path: str, timeout: float = 10.0) -> dict[str, Any]:
+def _ask(socket_path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(socket_path)
-        sock.sendall(encode_frame({"kind": "status"}))
+        sock.sendall(encode_frame(message))
         reply = read_frame(sock)
     if not reply.get("ok"):
         raise click.ClickException(str(reply.get("error")))
-    return reply["status"]
+    return reply
+
+
+def request_status(socket_path: str, timeout: float = 10.0) -> dict[str, Any]:
+    return _ask(socket_path, {"kind": "status"}, timeout)["status"]
+
+
+def problems(st: dict[str, Any]) -> list[str]:
+    """What in a status answer needs a person: `status` exits 1 when this is not empty."""
+    out = []
+    if not st.get("ready", True):
+        out.append(f"not ready: {st.get('not_ready_reason') or 'see /readyz'}")
+    if not st.get("live", True):
+        out.append(f"not live: {st.get('not_live_reason') or 'see /healthz'}")
+    errors = [k for k, cs in (st.get("claims") or {}).items() if cs.get("state") == "error"]
+    if errors:
+        out.append(f"{len(errors)} claim(s) in error: {', '.join(errors[:5])}")
+    if st.get("failed_events"):
+        out.append(f"{len(st['failed_events'])} event(s) dropped recently")
+    if st.get("spool_stuck_files"):
+        out.append(f"{st['spool_stuck_files']} spool file(s) cannot be ingested")
+    return out
 
 
 def _age(ts: float | None) -> str:
@@ -534,14 +556,19 @@ def _age(ts: float | None) -> str:
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Human summary or the raw JSON answer.")
 def status(socket_path: str, output: str) -> None:
-    """Ask the running publisher: journal depth, oldest pending event, last error, claims."""
+    """Ask the running publisher: journal depth, oldest pending event, last error, claims.
+
+    Exits 1 when the answer holds a problem (not ready or not live, a claim in error, events
+    dropped, spool files stuck), so a script or a probe can act on it; 0 when all is well.
+    """
     try:
         st = request_status(socket_path)
     except OSError as exc:
         raise click.ClickException(f"cannot reach the publisher at {socket_path}: {exc}") from None
+    found = problems(st)
     if output == "json":
         click.echo(json.dumps(st, indent=2, sort_keys=True))
-        return
+        sys.exit(1 if found else 0)
     click.echo(f"node:            {st['node']}")
     click.echo(f"journal depth:   {st['journal_depth']}")
     oldest = st.get("oldest_pending")
@@ -561,6 +588,23 @@ def status(socket_path: str, output: str) -> None:
         click.echo("recently dropped events:")
         for f in st["failed_events"]:
             click.echo(f"  {f['op']} {f['containerID'][:12]}/{f['ifname']}: {f['error']}")
+    click.echo("problems:        " + ("-" if not found else "; ".join(found)))
+    sys.exit(1 if found else 0)
+
+
+@cli.command()
+@socket_option
+def resync(socket_path: str) -> None:
+    """Verify every tracked claim now: read it and repair its entries where they differ.
+
+    The recovery after events were lost (a spool overflow): claims the journal knows are read
+    again at once instead of when the safety net's spread would reach them.
+    """
+    try:
+        _ask(socket_path, {"kind": "resync"})
+    except OSError as exc:
+        raise click.ClickException(f"cannot reach the publisher at {socket_path}: {exc}") from None
+    click.echo("every tracked claim is due for verification now (netclaim-publisher status shows the progress)")
 
 
 @cli.command()

@@ -58,10 +58,12 @@ class SocketServer:
         allowed_uids: tuple[int, ...] = (),
         allowed_gids: tuple[int, ...] = (),
         max_frame: int = MAX_FRAME,
+        resync: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
         self.submit = submit
         self.status = status
+        self.resync = resync  # `netclaim-publisher resync`: every tracked claim verified now
         self.metrics = metrics
         self.allowed_uids = {0, *allowed_uids}
         self.allowed_gids = set(allowed_gids)
@@ -216,6 +218,11 @@ class SocketServer:
                 self._reply(conn, {"ok": False, "error": f"status unavailable: {exc}"})
                 return True
             self._reply(conn, {"ok": True, "status": st})
+            return True
+        if kind == "resync" and self.resync is not None:
+            self.resync()
+            self.log.info("resync requested", extra={"peer_pid": pid})
+            self._reply(conn, {"ok": True})
             return True
         if kind != "event":
             self.metrics.events_rejected.labels("bad_request").inc()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import BIN, Cluster, add, send_check, suffix, take_interface_name
+from publisher_testkit import BIN, Cluster, add, apply_as, send_check, suffix, take_interface_name
 
 pytestmark = pytest.mark.controlplane
 
@@ -27,15 +27,16 @@ def cli(socket_path: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=30)
 
 
-def cli_json(socket_path: str) -> dict[str, Any]:
+def cli_json(socket_path: str, rc: int = 0) -> dict[str, Any]:
+    """The JSON answer; `rc` the exit code expected: 1 when it holds a problem."""
     out = cli(socket_path, "-o", "json")
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == rc, (out.returncode, out.stdout, out.stderr)
     return json.loads(out.stdout)
 
 
-def cli_text(socket_path: str) -> str:
+def cli_text(socket_path: str, rc: int = 0) -> str:
     out = cli(socket_path)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == rc, (out.returncode, out.stdout, out.stderr)
     return out.stdout
 
 
@@ -89,18 +90,20 @@ def test_status_cli_after_publish_and_after_a_refusal(cluster: Cluster, publishe
     assert line(text, "last error") == "-"
     assert re.search(rf"^  {re.escape(key)}\s+published\s+node-a/nic0$", text, re.M), text
     assert "recently dropped events" not in text
+    assert line(text, "problems") == "-"  # an event waiting for its claim is no problem yet
 
     # 2. After the API refused the claim's apply (409: another manager owns a field).
     take_interface_name(cluster, claim)
     send_check(publisher, cid, pod)
     wait_status(publisher, lambda s: s["claims"][key]["state"] == "error")
-    st = cli_json(publisher.socket)
+    st = cli_json(publisher.socket, rc=1)
     api_error = st["claims"][key]["error"]
     assert api_error.startswith("409: ") and "conflict" in api_error.lower()
     assert st["journal_depth"] == 1  # the late ADD still waits; the refused claim is not retried
     assert st["dirty_claims"] == 0
     assert st["last_error"]["claim"] == key and st["last_error"]["error"] == api_error
-    text = cli_text(publisher.socket)
+    text = cli_text(publisher.socket, rc=1)
+    assert line(text, "problems") == f"1 claim(s) in error: {key}"
     assert line(text, "journal depth") == "1"
     last = line(text, "last error")
     assert re.match(r"[0-9.]+s ago ", last) and key in last and "409: " in last
@@ -111,3 +114,23 @@ def test_status_cli_without_a_publisher_says_so(workdir):
     out = cli(str(workdir / "absent.sock"))
     assert out.returncode == 1
     assert "cannot reach the publisher" in out.stderr and "absent.sock" in out.stderr
+
+
+def test_resync_repairs_at_once_an_entry_removed_behind_the_publishers_back(cluster: Cluster, publisher, plugin):
+    """No claim window and the safety net a day away (the defaults): only `resync` brings it back now."""
+    claim, uid = cluster.pod_with_claim("web", [("nic", "nic0")])
+    add(plugin, "c" + suffix(), PodRef(cluster.namespace, "web", uid))
+    cluster.wait_devices(claim, lambda d: len(d) == 1)
+    apply_as(cluster, claim, "netclaim/node-a", [])  # netclaim's own manager, applying nothing
+    cluster.wait_devices(claim, lambda d: d == [])
+    out = subprocess.run([str(BIN / "netclaim-publisher"), "resync", "--socket", publisher.socket],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "due for verification now" in out.stdout, out.stdout + out.stderr
+    [entry] = cluster.wait_devices(claim, lambda d: len(d) == 1)
+    assert entry["device"] == "nic0" and entry["networkData"]["interfaceName"] == "eth0"
+
+
+def test_resync_without_a_publisher_says_so(workdir):
+    out = subprocess.run([str(BIN / "netclaim-publisher"), "resync", "--socket", str(workdir / "absent.sock")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "cannot reach the publisher" in out.stderr
