@@ -431,7 +431,7 @@ class Kube:
         return resource_version(resp.read())
 
     def list_resource_slices(self, node: str, driver: str) -> dict[str, Any]:
-        """This node's ResourceSlices of `driver` (only read when a device choice is ambiguous)."""
+        """This node's ResourceSlices of `driver`: read only for a request with several devices or a device ID."""
         query = [("fieldSelector", f"spec.nodeName={node},spec.driver={driver}")]
         return self._json("list", "GET", "/apis/resource.k8s.io/v1/resourceslices", query=query)
 
