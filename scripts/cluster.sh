@@ -9,6 +9,12 @@
 #       [--networks N]                     N conflists, pods get eth0..eth<N-1> (containerd's max_conf_num;
 #                                          harness/cluster/networks.sh); default 1
 #       [--dual-stack]                     the primary network has an IPv4 and an IPv6 range
+#       [--runtime crio]                   CRI-O (scripts/build/crio.sh) instead of containerd as the kubelet's runtime:
+#                                          same CNI conf dir (install-netclaim chains netclaim there), cdi_spec_dirs =
+#                                          NETCLAIM_CDI_DIR; `crio-stop|crio-start` replace containerd-stop|-start, which
+#                                          then fail; import-image goes through copyimg; --with-multus (thin) works;
+#                                          not with --networks N > 1, --with-dranet, --multus-thick or --nodes
+#                                          (harness/cluster/crio.sh)
 #   scripts/cluster.sh up --nodes N        one control plane and N nodes (each its own kubelet, containerd,
 #                                          DRA driver, node IP, bridge, pod /24, cgroup root, mount namespace;
 #                                          kubelets serve logs/exec/port-forward on their node IP); `env` then
@@ -26,6 +32,20 @@
 #                                          node's conflist; NetworkAttachmentDefinitions in `default` for macvlan,
 #                                          ipvlan, bridge2 and hostdev0..3, each chain ending in netclaim with its
 #                                          own claim request (harness/cluster/multus.sh; docs/multi-network.md)
+#       [--thick]                          Multus 4's default, the thick plugin: multus-shim is the node's primary CNI
+#                                          and multus-daemon runs the delegates, as its DaemonSet's container would but
+#                                          as a host process: a mount namespace of its own (its own /run, /tmp, /var;
+#                                          the DaemonSet's host mounts; the host's / at /hostroot) and `chrootDir:
+#                                          /hostroot`; same NADs and delegation (`up --with-multus --multus-thick`)
+#       [--thick --no-chroot]              the same without chrootDir (a misconfiguration, for tests): delegates, netclaim
+#                                          too, run in the daemon's mount namespace (`up ... --multus-no-chroot`)
+#   scripts/cluster.sh up --with-multus --with-vf-driver   `up`, `multus-up`, then `vf-driver-start`
+#   scripts/cluster.sh vf-driver-start     (Multus nodes) the harness's own DRA driver vf.netclaim.test (scripts/harness/
+#                                          netdriver) as a node service beside the test driver: NETCLAIM_VF_DEVICES
+#                                          devices (default 4) with Multus's k8s.cni.cncf.io/resourceName and deviceID
+#                                          attributes, DeviceClass vf.netclaim.test and NAD `vf` annotated
+#                                          k8s.v1.cni.cncf.io/resourceName: netclaim.test/vf (harness/cluster/vfdriver.sh)
+#   scripts/cluster.sh vf-driver-stop      stop it (its slice, class and NAD stay)
 #   scripts/cluster.sh env                 shell exports: KUBECONFIG, CONTAINER_RUNTIME_ENDPOINT, NETCLAIM_*
 #   scripts/cluster.sh status              what runs
 #   scripts/cluster.sh down                stop everything `up` started and leave the host as it was
@@ -110,7 +130,7 @@ export NETCLAIM_CP_DIR="$CP_DIR" NETCLAIM_CP_NODES="$NODE" NETCLAIM_CP_CLUSTER=1
 
 
 # The body lives in scripts/harness/cluster/, one file per part of the node.
-for part in common host node controllers netclaim networks dranet multus lifecycle nodes; do
+for part in common host node crio controllers netclaim networks dranet multus vfdriver lifecycle nodes; do
     # shellcheck source=/dev/null
     source "$HERE/harness/cluster/$part.sh"
 done
@@ -119,8 +139,9 @@ done
 if wants_multi_node "$@"; then multi_node_main "$@"; exit; fi
 
 case "${1:-}" in
-    up) shift; parse_network_options "$@"; cmd_up_maybe_multus "${UP_ARGS[@]}" ;;
-    multus-up) cmd_multus_up ;;
+    up) shift; parse_network_options "$@"; vf_driver_option; runtime_option; cmd_up_maybe_multus "${UP_ARGS[@]}"
+        ((WANT_VF_DRIVER == 0)) || cmd_vf_driver_up ;;
+    multus-up) shift; cmd_multus_up "$@" ;;
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
@@ -132,13 +153,17 @@ case "${1:-}" in
     publisher-start) load_state; alive "$DIR/publisher.pid" || start_publisher ;;
     kubelet-stop) load_state; stop_pid kubelet ;;
     kubelet-start) cmd_kubelet_start ;;
-    containerd-stop) load_state; stop_pid containerd ;;   # shims and pods keep running
+    containerd-stop) load_state; not_crio "$1"; stop_pid containerd ;;   # shims and pods keep running
     containerd-start) cmd_containerd_start ;;
+    crio-stop) load_state; [[ "$RUNTIME" == crio ]] || die "$1: the node runs $RUNTIME"; stop_pid crio ;;   # conmons and pods keep running
+    crio-start) cmd_crio_start ;;
     apiserver-stop|apiserver-start) load_state; "$HERE/control-plane.sh" "$1" >/dev/null ;;
     chain-keeper-start) load_state; alive "$DIR/chain-keeper.pid" || start_chain_keeper ;;
     chain-keeper-stop) load_state; stop_pid chain-keeper ;;
     dranet-start) load_state; start_dranet ;;
     dranet-stop) load_state; stop_dranet ;;
+    vf-driver-start) cmd_vf_driver_up ;;
+    vf-driver-stop) load_state; stop_pid vf-driver ;;
     -h|--help|help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up [--networks N] [--dual-stack] [--with-dranet] [--with-multus]|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--networks N] [--dual-stack] [--runtime containerd|crio] [--with-dranet] [--with-multus [--multus-thick [--multus-no-chroot]] [--with-vf-driver]]|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up [--thick [--no-chroot]]|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|crio-stop|crio-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop|vf-driver-start|vf-driver-stop" >&2; exit 2 ;;
 esac

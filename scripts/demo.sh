@@ -11,7 +11,9 @@
 #   scripts/demo.sh --multi-network [--keep]
 #                              the same node with Multus as its primary CNI: one pod with three networks
 #                              (eth0, macvlan net1, host-device net2), its claim's three device entries
-#                              beside Multus's network-status and the pod's netns (docs/multi-network.md)
+#                              beside Multus's network-status and the pod's netns (docs/multi-network.md);
+#                              then two VFs of one request (count: 2, the same NAD twice), each interface's
+#                              entry on the device carrying the device ID Multus handed it
 #   scripts/demo.sh show       print the kept claim again
 #   scripts/demo.sh cleanup    tear down what --keep left running
 #

@@ -3,7 +3,8 @@
 # Debian packages, the project virtualenv at .venv, and every Go-built tool the
 # suite uses (cached outside the repo): etcd, the Kubernetes 1.37 components and
 # kubectl, the DRA test driver, containerd 2.x with its shim, ctr and crictl, the
-# CNI 1.1 reference plugins, cnitool and helm. A cold build takes ~25-30 min on
+# CNI 1.1 reference plugins, cnitool, helm, the harness's own DRA driver
+# (scripts/harness/netdriver) and CRI-O (scripts/build/crio.sh). A cold build takes ~25-30 min on
 # 2 cores. Safe to run again: each step is skipped when already done.
 #
 #   NETCLAIM_BUILD_TARGETS="control-plane node"   build only these targets/groups
@@ -17,12 +18,14 @@ APT_PACKAGES=(
     containernetworking-plugins   # the real reference CNI plugins (bridge, host-local, tuning, ...)
     iptables                      # ipMasq of bridge/ptp and portmap in the example chains
     containerd runc               # the real container runtime for e2e tests and the demo
+    conmon                        # CRI-O's container monitor (scripts/cluster.sh up --runtime crio)
     gcc libc6-dev                 # static pause binary for the local sandbox image
     time                          # peak-memory figures of the Go builds
     procps                        # pgrep/ps used by the scripts
     python3-venv                  # `python3 -m venv` when python3 is Debian's own
     openssl curl                  # the control plane's certificates and readiness probe
     util-linux mount              # nsenter, setsid, flock, umount: the real cluster's node side
+    prometheus                    # its promtool unit-tests the chart's alerts (tests/deploy/test_monitoring.py)
 )
 
 # shellcheck source=build/apt.sh
@@ -69,4 +72,11 @@ seed_peers
 "$ROOT/scripts/build-plugin.sh" --arch arm64 >/dev/null  # the same cross-built for arm64 nodes (tests run it under qemu-user)
 # shellcheck disable=SC2086
 "$ROOT/scripts/build/components.sh" ${NETCLAIM_BUILD_TARGETS:-all} >/dev/null
+# Multus from its source snapshot (when the cache has it): the thin plugin, the thick plugin's daemon and shim
+# (tests/cluster/test_multus.py runs both modes).
+if compgen -G "${NETCLAIM_PEERS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/netclaim/peers}/multus-cni-*.tar.gz" >/dev/null; then
+    for part in thin daemon shim; do "$ROOT/scripts/build/multus.sh" "$part" >/dev/null; done
+fi
+"$ROOT/scripts/build/netdriver.sh" >/dev/null  # the harness's own DRA driver (Multus's DRA path, tests/cluster/test_multus_dra.py)
+"$ROOT/scripts/build/crio.sh" >/dev/null  # CRI-O, copyimg and pinns: the node's other runtime (tests/cluster/test_crio_cluster.py)
 log "ready"

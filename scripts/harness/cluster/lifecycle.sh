@@ -5,7 +5,8 @@
 
 all_alive() {
     local n
-    for n in containerd kubelet kube-controller-manager kube-scheduler dra-driver; do
+    alive "$DIR/containerd.pid" || alive "$DIR/crio.pid" || return 1   # the node's runtime (harness/cluster/crio.sh)
+    for n in kubelet kube-controller-manager kube-scheduler dra-driver; do
         alive "$DIR/$n.pid" || return 1
     done
 }
@@ -21,6 +22,7 @@ cmd_up() { # cmd_up [--with-dranet]
     if [[ -f "$STATE" ]] && all_alive; then
         load_state
         networks_match
+        runtime_match
         node_untainted || die "cluster in $DIR runs but node $NODE is not Ready (see $DIR/*.log)"
         if ((want_dranet)); then
             [[ "${WITH_DRANET:-0}" == 1 ]] || die "cluster in $DIR runs without NRI: take it down, then up --with-dranet"
@@ -33,6 +35,7 @@ cmd_up() { # cmd_up [--with-dranet]
     [[ -f "$STATE" ]] && { log "a previous cluster in $DIR is half up: taking it down first"; cmd_down_locked; mkdir -p "$DIR"; }
     local t0=$SECONDS
     binaries
+    crio_binaries
     NODE_IP="$(node_ip)"
     [[ -n "$NODE_IP" ]] || die "no default route: cannot choose the kubelet's --node-ip"
     pick_subnet
@@ -50,6 +53,7 @@ cmd_up() { # cmd_up [--with-dranet]
         save_var "$v"
     done
     save_network_state
+    save_runtime_state
     save_sysctls
     share_netns_dir
     make_cgroups
@@ -110,12 +114,13 @@ other_kubelet() { # another kubelet runs on this host (its /var/lib/kubelet must
 cmd_down_locked() {
     [[ -f "$STATE" || -L "$STATE" ]] && state_source "$STATE"
     [[ -n "${KUBECTL:-}" ]] && delete_pods
-    stop_pid chain-keeper publisher dranet dra-driver kubelet kube-scheduler kube-controller-manager
+    stop_pid chain-keeper publisher dranet vf-driver dra-driver kubelet kube-scheduler kube-controller-manager
     if [[ -n "${CRICTL:-}" ]] && alive "$DIR/containerd.pid"; then
         # What the kubelet left: stop and remove every sandbox so CNI DEL runs.
         CONTAINER_RUNTIME_ENDPOINT="unix://$CTD/containerd.sock" timeout 60 "$CRICTL" rmp -fa >/dev/null 2>&1 || true
     fi
     stop_containerd
+    stop_multus_daemon   # (thick Multus) after the last DEL; its open watches would hold up kube-apiserver's stop
     "$HERE/control-plane.sh" down >/dev/null 2>&1 || true
     unmount_under "$DIR"
     remove_cgroups
@@ -123,6 +128,7 @@ cmd_down_locked() {
     remove_networks
     [[ "${WITH_DRANET:-0}" == 1 ]] && remove_dranet_interfaces
     multus_down
+    crio_down_host
     restore_sysctls
     if [[ -d /var/log/containers ]]; then
         find /var/log/containers -maxdepth 1 -type l -lname "$DIR/*" -delete 2>/dev/null || true
@@ -146,7 +152,7 @@ cmd_env() {
     printf 'export NETCLAIM_CLUSTER_DIR=%q\n' "$DIR"
     printf 'export NETCLAIM_CP_DIR=%q\n' "$CP_DIR"
     printf 'export KUBECONFIG=%q\n' "$CP_DIR/admin.kubeconfig"
-    printf 'export CONTAINER_RUNTIME_ENDPOINT=%q\n' "unix://$CTD/containerd.sock"
+    printf 'export CONTAINER_RUNTIME_ENDPOINT=%q\n' "unix://$(runtime_socket)"
     for v in NODE DRIVER DEVICE_CLASS SANDBOX_IMAGE SUBNET BRIDGE CONFLIST CNI_BIN CNI_CONF CDI_DIR \
              KUBECTL CTR CRICTL DRA_DRIVER KUBELET_PORT KUBELET_ROOT; do
         printf 'export NETCLAIM_%s=%q\n' "$v" "${!v}"
@@ -159,6 +165,8 @@ cmd_env() {
     printf 'export NETCLAIM_PLUGIN_LOG=%q\n' "$NC/plugin.log"
     network_env
     [[ "${WITH_DRANET:-0}" == 1 ]] && dranet_env
+    crio_env
+    [[ "${VF_DRIVER_UP:-0}" == 1 ]] && vf_driver_env
     return 0
 }
 
@@ -166,7 +174,7 @@ cmd_status() {
     local n
     [[ -f "$STATE" ]] || { echo "no cluster in $DIR"; return 1; }
     "$HERE/control-plane.sh" status
-    for n in kube-controller-manager kube-scheduler containerd kubelet dra-driver publisher chain-keeper dranet; do
+    for n in kube-controller-manager kube-scheduler containerd crio kubelet dra-driver publisher chain-keeper dranet vf-driver multus; do
         if alive "$DIR/$n.pid"; then echo "$n: running (pid $(cat "$DIR/$n.pid"))"; else echo "$n: stopped"; fi
     done
 }
@@ -180,6 +188,7 @@ cmd_kubelet_start() {
 
 cmd_containerd_start() {
     load_state
+    not_crio containerd-start
     alive "$DIR/containerd.pid" && return 0
     start_containerd
     # dranet's NRI connection died with the old containerd: it needs a new one.

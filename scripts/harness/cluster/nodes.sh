@@ -358,6 +358,7 @@ multi_node_main() { # the commands of a multi-node cluster (cluster.sh hands the
     case "${1:-}" in
         up)
             [[ "${2:-}" == --nodes ]] || die "a multi-node cluster runs in $TOP: $0 up --nodes N, or $0 down first"
+            [[ " $* " != *" --runtime"* ]] || die "up --nodes N runs containerd only (--runtime crio: the single node)"
             cmd_up_nodes "${3:-}" ;;
         down) [[ -d "$TOP" ]] || return 0; exec 9>"$TOP/.lock"; flock 9; cmd_down_nodes_locked ;;
         env) cmd_env_nodes ;;

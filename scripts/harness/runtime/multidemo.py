@@ -8,6 +8,13 @@ netclaim naming its own request of the pod's one ResourceClaimTemplate, so the
 claim shows three device entries, each with its own interface, addresses and
 MAC; the demo puts them beside Multus's own network-status annotation and the
 pod's network namespace, and fails if any of the three disagree.
+
+Then the device-ID case (the cluster runs the harness's own DRA driver beside
+the test driver, `up --with-vf-driver`): a pod whose second claim has one
+request `vf` with `count: 2` and the NAD `vf` twice, as dra-driver-sriov's
+multi-VF demo. The request cannot tell the two VFs apart; Multus hands each
+network the device ID of one of them, and the demo shows each interface's
+entry on the device whose ResourceSlice carries that ID.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from . import multinet
 from .realcluster import RealCluster, wait_until
 
 NAMESPACE, POD, TEMPLATE = "demo", "multi", "three-nets"
+VF_POD, VF_TEMPLATE, PRIMARY_TEMPLATE = "vfs", "two-vfs", "eth0"
+VF_NETWORKS = [multinet.Attachment("vf", "net1"), multinet.Attachment("vf", "net2")]
+DEVICE_ID_ATTRIBUTE = "k8s.cni.cncf.io/deviceID"
 NETWORKS = [multinet.Attachment("macvlan", "net1"), multinet.Attachment("hostdev0", "net2")]
 REQUESTS = [multinet.PRIMARY_REQUEST] + [a.request for a in NETWORKS]
 
@@ -68,3 +78,56 @@ def story(cluster: RealCluster, step: Callable[[str], None]) -> None:
         print(f"pod={NAMESPACE}/{POD} request={e['request']} interface={nd['interfaceName']} "
               f"ips={','.join(nd.get('ips') or [])} mac={nd.get('hardwareAddress')} Ready={e['Ready']}")
     print("claim entries, the pod's netns and Multus's network-status agree on every interface")
+    device_id_story(cluster, step)
+
+
+def device_id_story(cluster: RealCluster, step: Callable[[str], None]) -> None:
+    """Two VFs of one request, the same NAD twice: each entry on the device whose ID its interface got."""
+    driver = cluster.values["NETCLAIM_VF_DRIVER"]
+    step(f"the device-ID case: Pod {VF_POD} with claim template {VF_TEMPLATE} (request vf, count: 2, driver "
+         f"{driver}) and {multinet.NETWORKS_ANNOTATION}: {multinet.networks_value(VF_NETWORKS)}, the same "
+         "NetworkAttachmentDefinition twice; eth0 reports under its own claim")
+    template = multinet.claim_template(NAMESPACE, VF_TEMPLATE, [cluster.values["NETCLAIM_VF_REQUEST"]],
+                                       cluster.values["NETCLAIM_VF_DEVICE_CLASS"])
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    primary = multinet.claim_template(NAMESPACE, PRIMARY_TEMPLATE, [multinet.PRIMARY_REQUEST],
+                                      cluster.values["NETCLAIM_DEVICE_CLASS"])
+    cluster.apply(template, primary, multinet.pod(NAMESPACE, VF_POD, VF_NETWORKS, {
+        "net": {"resourceClaimTemplateName": PRIMARY_TEMPLATE}, "vf": {"resourceClaimTemplateName": VF_TEMPLATE}}))
+    cluster.wait_running(NAMESPACE, VF_POD)
+    slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json"))["items"]
+    ids = {(sl["spec"]["pool"]["name"], d["name"]): d["attributes"][DEVICE_ID_ATTRIBUTE]["string"]
+           for sl in slices if sl["spec"]["driver"] == driver for d in sl["spec"].get("devices") or []}
+
+    def shown() -> list[dict]:
+        pod = cluster.get("pod", VF_POD, NAMESPACE)
+        out = []
+        for name in multinet.claim_names(pod):
+            claim = cluster.claim_yaml(NAMESPACE, name)
+            results = claim["status"]["allocation"]["devices"]["results"]
+            if not any(r["driver"] == driver for r in results):
+                continue
+            out = [e for e in (claim.get("status") or {}).get("devices") or [] if e["driver"] == driver]
+        return out if len(out) == 2 else []
+
+    entries = wait_until(shown, "the two VF entries", timeout=30)
+    netns = multinet.netns_interfaces(cluster, NAMESPACE, VF_POD)
+    print(f"\n$ kubectl get resourceslices   # {driver}'s devices: name and {DEVICE_ID_ATTRIBUTE}")
+    for (pool, device), device_id in sorted(ids.items()):
+        print(f"  {pool}/{device}  {device_id}")
+    print()
+    wrong = []
+    for e in sorted(entries, key=lambda x: x["networkData"]["interfaceName"]):
+        nd = e["networkData"]
+        ifname = nd["interfaceName"]
+        here = netns.get(ifname)
+        agrees = here is not None and here.mac == nd.get("hardwareAddress", "").lower() and \
+            sorted(here.cidrs) == sorted(nd.get("ips") or [])
+        wrong += [] if agrees else [ifname]
+        print(f"pod={NAMESPACE}/{VF_POD} interface={ifname} device={e['device']} "
+              f"deviceID={ids.get((e['pool'], e['device']))} ips={','.join(nd.get('ips') or [])} "
+              f"mac={nd.get('hardwareAddress')} netns={'agrees' if agrees else 'DIFFERS'}")
+    if wrong:
+        raise SystemExit(f"the VF entries disagree with the pod's netns: {wrong}")
+    print("Multus gave net1 the lower device ID: each entry sits on the device that carries its interface's ID,\n"
+          "whatever order the allocation lists them in")

@@ -104,7 +104,8 @@ def run(keep: bool, multi_network: bool = False) -> int:
     try:
         if multi_network:
             env = {**_env(), "NETCLAIM_REQUEST": "nic"}
-            cluster = RealCluster(DEMO_DIR, parse_env(cluster_sh("up", "--with-multus", env=env)), env)
+            cluster = RealCluster(DEMO_DIR, parse_env(cluster_sh("up", "--with-multus", "--with-vf-driver", env=env)),
+                                  env)
         else:
             cluster = RealCluster.up(DEMO_DIR, _env())
         step(f"node {cluster.node} Ready in {time.time() - t0:.0f}s; driver {cluster.driver} published its devices")
