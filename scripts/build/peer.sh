@@ -21,7 +21,9 @@ build_peer() {
     mapfile -t snapshots < <(find "$peers" -maxdepth 1 -name "$dir-*.tar.gz" 2>/dev/null | sort)
     if ((${#snapshots[@]} == 0)); then
         # No snapshot at hand: a binary built earlier still serves.
-        mapfile -t built < <(find "$bin" -maxdepth 1 -name "$name-*" -perm -u+x ! -name '*.tmp' 2>/dev/null | sort)
+        # NAME-<commit> only (multus-<commit>, not multus-daemon-<commit>)
+        mapfile -t built < <(find "$bin" -maxdepth 1 -regextype posix-extended -regex ".*/$name-[0-9a-f]+" \
+            -perm -u+x 2>/dev/null | sort)
         if ((${#built[@]})); then log "$name cached (no snapshot in $peers)"; echo "${built[-1]}"; return 0; fi
         log "no $name source snapshot ($dir-<commit>.tar.gz) in $peers; run scripts/setup.sh with NETCLAIM_PEERS_DIR set to its directory"
         return 1

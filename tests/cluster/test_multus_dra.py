@@ -1,7 +1,7 @@
 """Multus's DRA path on the real node: two networks of one NAD, two devices of one request.
 
-One cluster for the module (`scripts/cluster.sh up --with-multus --with-vf-driver`):
-the real Multus thin plugin as the node's primary CNI and, beside the e2e test
+One cluster per Multus mode (`scripts/cluster.sh up --with-multus [--multus-thick] --with-vf-driver`):
+the real Multus, thin plugin or thick (shim and daemon), as the node's primary CNI and, beside the e2e test
 driver, the harness's own DRA driver `vf.netclaim.test` (scripts/harness/netdriver),
 whose devices carry the attributes Multus resolves a NAD's
 `k8s.v1.cni.cncf.io/resourceName` with: `k8s.cni.cncf.io/resourceName`
@@ -19,17 +19,16 @@ which is the allocated device whose NAME sorts last, so neither the
 allocation's order nor the names' order gives the right pairing; only the
 device ID does.
 
-NETCLAIM_MULTUS_DRA_CLUSTER_DIR picks the cluster's directory (default
-nc-vftest under the temp dir); NETCLAIM_CLUSTER_KEEP=1 keeps it. Measured here
-(2 shared cores): 30 s for the module, 20 s of it bringing the cluster up and
-the pod to Ready, 9 s taking it down.
+NETCLAIM_MULTUS_DRA_CLUSTER_DIR picks the thin cluster's directory (default
+nc-vftest under the temp dir; thick adds `-k`); NETCLAIM_CLUSTER_KEEP=1 keeps them.
+Measured here (2 shared cores): about 30 s per mode, 20 s of it bringing the
+cluster up and the pod to Ready, 9 s taking it down.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -38,29 +37,19 @@ import pytest
 
 from runtime import multinet  # noqa: E402  (conftest puts scripts/harness on sys.path)
 from runtime.multinet import Attachment
-from runtime.realcluster import ClusterError, RealCluster, cluster_sh, entries_of, parse_env, ready_status, wait_until
+from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until
+
+from multus_kit import MODES, mode_dir, multus_cluster
 
 DEVICE_ID_ATTR = "k8s.cni.cncf.io/deviceID"
 NETS = [Attachment("vf", "net1"), Attachment("vf", "net2")]
 
 
-@pytest.fixture(scope="module")
-def vcluster() -> Iterator[RealCluster]:
-    if os.geteuid() != 0:
-        pytest.fail("the real cluster needs root (kubelet, containerd, cgroups)", pytrace=False)
-    directory = os.environ.get("NETCLAIM_MULTUS_DRA_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-vftest"))
-    env = {**os.environ, "NETCLAIM_CLUSTER_DIR": directory, "NETCLAIM_REQUEST": multinet.PRIMARY_REQUEST}
-    try:
-        cluster = RealCluster(directory, parse_env(cluster_sh("up", "--with-multus", "--with-vf-driver", env=env)), env)
-        cluster.sh("install-netclaim")
-    except ClusterError as exc:
-        try:
-            cluster_sh("down", env=env)
-        finally:
-            pytest.fail(f"the real cluster with Multus and the vf driver could not start: {exc}", pytrace=False)
-    yield cluster
-    if not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
-        cluster.down()
+@pytest.fixture(scope="module", params=MODES)
+def vcluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
+    """The vf driver's cluster, once with Multus thin and once thick (tests/cluster/multus_kit.py)."""
+    yield from multus_cluster(request.param, mode_dir("NETCLAIM_MULTUS_DRA_CLUSTER_DIR", "nc-vftest", request.param),
+                              "--with-vf-driver", what=" and the vf driver")
 
 
 @dataclass
