@@ -49,7 +49,9 @@ NETS = [Attachment("vf", "net1"), Attachment("vf", "net2")]
 def vcluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     """The vf driver's cluster, once with Multus thin and once thick (tests/cluster/multus_kit.py)."""
     yield from multus_cluster(request.param, mode_dir("NETCLAIM_MULTUS_DRA_CLUSTER_DIR", "nc-vftest", request.param),
-                              "--with-vf-driver", what=" and the vf driver")
+                              "--with-vf-driver", what=" and the vf driver",
+                              env={"NETCLAIM_DRIVER_NAMES": "net.example.com vf.netclaim.test",
+                                   "NETCLAIM_UNCHAINED_GRACE": "3"})
 
 
 @dataclass
@@ -219,3 +221,49 @@ def test_the_three_network_pod_shows_eth0_on_its_request_beside_the_two_vfs(vclu
         wait_until(right, f"eth0's entry on claim {vf_pod.ns}/{vf_pod.primary_claim}", timeout=30)
     except AssertionError:
         raise AssertionError("; ".join(last)) from None
+
+
+def test_a_vf_network_whose_chain_lacks_netclaim_is_named_in_a_warning(vcluster: RealCluster) -> None:
+    """net1 through the NAD that ends in netclaim, net2 through a NAD of the same resource name whose chain
+    does not: net1's entry is published (equal to the netns), and the device Multus gave net2 is named in
+    a NetclaimDeviceNotChained Warning on the pod instead of being silently left without status."""
+    driver = vcluster.values["NETCLAIM_VF_DRIVER"]
+    ns = vcluster.namespace(f"u-{uuid.uuid4().hex[:6]}")
+    try:
+        nad = vcluster.get("network-attachment-definitions", "vf", "default")
+        config = json.loads(nad["spec"]["config"])
+        config["name"] = "vf-plain"
+        config["plugins"] = [p for p in config["plugins"] if p["type"] not in ("netclaim", "vf-capture")]
+        config["plugins"][0]["ipam"]["ranges"] = [[{"subnet": "172.31.21.0/24"}]]
+        plain = {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                 "metadata": {"name": "vf-plain", "namespace": ns, "annotations": nad["metadata"]["annotations"]},
+                 "spec": {"config": json.dumps(config)}}
+        template = multinet.claim_template(ns, "vfs", [vcluster.values["NETCLAIM_VF_REQUEST"]],
+                                           vcluster.values["NETCLAIM_VF_DEVICE_CLASS"])
+        template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+        pod = multinet.pod(ns, "p", [Attachment("vf", "net1")], {"vf": {"resourceClaimTemplateName": "vfs"}})
+        pod["metadata"]["annotations"][multinet.NETWORKS_ANNOTATION] = f"default/vf@net1,{ns}/vf-plain@net2"
+        vcluster.apply(plain, template, pod)
+        vcluster.wait_running(ns, "p")
+        claim = vcluster.pod_claim(ns, "p")
+        results = vcluster.get("resourceclaim", claim, ns)["status"]["allocation"]["devices"]["results"]
+        ids = slice_device_ids(vcluster, driver)
+        allocated = {r["device"]: ids[(r["pool"], r["device"])] for r in results if r["driver"] == driver}
+        # Multus hands the sorted IDs out in network order: net2, the unchained one, gets the higher.
+        unchained = max(allocated, key=lambda d: allocated[d])
+
+        def warned() -> list[dict[str, Any]]:
+            events = json.loads(vcluster.kubectl("get", "events.events.k8s.io", "-n", ns, "-o", "json"))["items"]
+            return [e for e in events if e.get("reason") == "NetclaimDeviceNotChained"]
+
+        [event] = wait_until(warned, "the NetclaimDeviceNotChained Event", timeout=90)
+        assert event["regarding"]["name"] == "p" and event["related"]["name"] == claim, event
+        assert f"/{unchained} (request vf)" in event["note"], (unchained, event["note"])
+        assert f"/{min(allocated, key=lambda d: allocated[d])} " not in event["note"], event["note"]
+        netns = multinet.netns_interfaces(vcluster, ns, "p")
+        [entry] = entries_of(vcluster.get("resourceclaim", claim, ns), driver)
+        nd = entry["networkData"]
+        assert entry["device"] != unchained and nd["interfaceName"] == "net1", entry
+        assert nd["hardwareAddress"].lower() == netns["net1"].mac and sorted(nd["ips"]) == sorted(netns["net1"].cidrs)
+    finally:
+        vcluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
