@@ -1,5 +1,9 @@
 """Structured logs: one JSON object per line, to `logFile` or stderr, never stdout.
 
+Each line starts with `ts` (ISO 8601, UTC, milliseconds), `level` and `msg`
+(the message), like the publisher's (publisher/logs.py), then `component`
+and the line's fields; a field can never replace the message.
+
 stdout belongs to the CNI protocol (libcni parses it), so a stray log line
 there would break the runtime. The file is opened lazily with O_APPEND and
 each record is one write(2), so concurrent plugin runs do not interleave.
@@ -163,26 +167,27 @@ class Log:
 
     def _say_refused(self) -> None:
         """The one stderr line about an unusable logFile: why, and nothing of the pod or the event."""
-        record = {"ts": _timestamp(time.time()), "level": "warning", "event": "logFile refused; logging as without it",
+        record = {"ts": _timestamp(time.time()), "level": "warning", "msg": "logFile refused; logging as without it",
                   "component": "netclaim-cni", "logFileError": self.unusable}
         try:
             os.write(2, dumps(record).encode() + b"\n")
         except OSError:
             pass
 
-    def write(self, level: str, event: str, **fields: object) -> None:
+    def write(self, level: str, message: str, **fields: object) -> None:
         if level == "info" and (not self.path or self._open() == 2):
             return  # no (usable) logFile: only what the runtime should show (module docstring)
         now = time.time()
-        record = {"ts": _timestamp(now), "level": level, "event": event, "component": "netclaim-cni"}
+        record = {"ts": _timestamp(now), "level": level, "msg": message, "component": "netclaim-cni"}
         record.update(self.fields)
         record.update(fields)
+        record["ts"], record["level"], record["msg"] = _timestamp(now), level, message  # never a field's
         if self._open() == 2 and self.unusable:
             record["logFileError"] = self.unusable
         try:
             line = dumps(record)
         except (TypeError, ValueError):
-            line = dumps({"ts": record["ts"], "level": level, "event": event, "note": "unserializable fields"})
+            line = dumps({"ts": record["ts"], "level": level, "msg": message, "note": "unserializable fields"})
         try:
             os.write(self._open(), line.encode() + b"\n")
         except OSError:
@@ -192,14 +197,14 @@ class Log:
                 except OSError:
                     pass
 
-    def info(self, event: str, **fields: object) -> None:
-        self.write("info", event, **fields)
+    def info(self, message: str, **fields: object) -> None:
+        self.write("info", message, **fields)
 
-    def warning(self, event: str, **fields: object) -> None:
-        self.write("warning", event, **fields)
+    def warning(self, message: str, **fields: object) -> None:
+        self.write("warning", message, **fields)
 
-    def error(self, event: str, **fields: object) -> None:
-        self.write("error", event, **fields)
+    def error(self, message: str, **fields: object) -> None:
+        self.write("error", message, **fields)
 
     def close(self) -> None:
         if self._fd is not None and self._fd != 2:

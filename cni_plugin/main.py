@@ -153,7 +153,7 @@ def _run_del(env: Env, raw: dict[str, Any], log: Log) -> None:
     except CNIError as exc:
         conf, problems = tolerant_netconf(raw)
         _bind_log(log, env, conf)
-        log.error("DEL with an invalid config: cleaning up what it can, exiting 0", code=exc.code, msg=exc.msg,
+        log.error("DEL with an invalid config: cleaning up what it can, exiting 0", code=exc.code, error=exc.msg,
                   problems=problems)
     try:
         cmd_del(env, conf, log)
@@ -177,7 +177,7 @@ def _run_status(env: Env, raw: dict[str, Any], log: Log) -> None:
     except CNIError as exc:
         if raw.get("failurePolicy") == "Fail":
             raise
-        log.error("STATUS: invalid config; ready anyway under failurePolicy Ignore", code=exc.code, msg=exc.msg)
+        log.error("STATUS: invalid config; ready anyway under failurePolicy Ignore", code=exc.code, error=exc.msg)
         return None
     from .commands import cmd_status
 
@@ -263,7 +263,7 @@ def main(environ: Mapping[str, str] | None = None, stdin: IO[bytes] | None = Non
         return 0
     except CNIError as exc:
         error = exc
-        log.error("command failed", code=error.code, msg=error.msg, details=error.details)
+        log.error("command failed", code=error.code, error=error.msg, details=error.details)
     except Exception as exc:  # noqa: BLE001 - the protocol needs JSON for every failure
         error = CNIError(INTERNAL_ERROR, f"internal error: {type(exc).__name__}", str(exc)[:512])
         _log_internal(log, "internal error", exc)

@@ -235,7 +235,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         verify_after, verify_spread = resync_interval, 0.0
     durable, why = decide_durability(durable_commits, state_dir)  # logged once started (a bad config: one line)
     pool = workers + 4 + (max_claim_windows if claim_window > 0 else 0)  # an open claim window holds a connection
-    kube = Kube(api_client_for(kubeconfig, pool), metrics.record_api,
+    kube = Kube(api_client_for(kubeconfig, pool), metrics.record_api, record_duration=metrics.record_api_duration,
                 credentials=Credentials(kubeconfig, pool), count_purpose=metrics.record_purpose)
     settings = Settings(node_name=node_name, state_dir=state_dir, spool_dir=spool_dir, workers=workers,
                         resolve_timeout=resolve_timeout, sibling_hold=sibling_hold,
@@ -375,6 +375,8 @@ def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> A
                    "still runs it) and empty the cleanup dirs now, then exit.")
 @click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
               type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON or text.")
+@click.option("--log-level", envvar="NETCLAIM_LOG_LEVEL", show_envvar=True, default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]), help="Least severe level logged.")
 @click.option("--node-name", envvar="NETCLAIM_NODE_NAME", show_envvar=True, default="",
               help="This node: a chain contest is posted as a Warning Event on it (empty: no Event).")
 @click.option("--metrics-address", envvar="NETCLAIM_KEEPER_METRICS_ADDRESS", show_envvar=True, default="",
@@ -398,7 +400,8 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
                  plugin_log_file: str, cni_cache_dir: str, plugin_cni_cache_dir: str, runtime_teardown: str,
                  cleanup_dir: tuple[str, ...], poll_interval: float,
                  daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
-                 log_format: str, node_name: str, metrics_address: str, probe_address: str, lock_dir: str,
+                 log_format: str, log_level: str, node_name: str, metrics_address: str, probe_address: str,
+                 lock_dir: str,
                  test_pause: tuple[str, ...],
                  test_hold: tuple[str, ...]) -> None:
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
@@ -411,7 +414,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     # First of all: a SIGTERM that comes while the API client is still loading must not be lost.
     stop = chainkeeper.StopSignal.install() if not (once or uninstall_now) else None
 
-    logs.setup(log_format, "info")
+    logs.setup(log_format, log_level)
     if not uninstall_now and not os.path.isfile(plugin_binary):
         raise click.ClickException(f"plugin executable {plugin_binary}: no such file")
     if uninstall_now and not driver_name:

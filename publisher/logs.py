@@ -4,6 +4,11 @@ Operators grep and ship these lines, so every line about a pod attachment
 carries the same keys (pod, claim, containerID) whatever module wrote it.
 JSON is the default because log shippers parse it without rules; `text` is
 for a person watching a terminal.
+
+A JSON line starts with `ts` (ISO 8601, UTC, milliseconds), `level` and `msg`
+(the message, the key log pipelines expect; the plugin's lines use the same
+three, cni_plugin/log.py), then the line's fields. A text line starts with the
+same timestamp.
 """
 
 from __future__ import annotations
@@ -18,12 +23,17 @@ LOGGER_NAME = "netclaim.publisher"
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
+def timestamp(record: logging.LogRecord) -> str:
+    """The record's time, ISO 8601 in UTC with milliseconds: 2026-01-31T12:00:00.250Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": timestamp(record),
             "level": record.levelname.lower(),
-            "event": record.getMessage(),
+            "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
             if key not in _RESERVED and not key.startswith("_"):
@@ -38,7 +48,7 @@ class TextFormatter(logging.Formatter):
         extras = " ".join(
             f"{k}={v}" for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")
         )
-        text = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} {record.getMessage()}"
+        text = f"{timestamp(record)} {record.levelname:<7} {record.getMessage()}"
         if extras:
             text += " " + extras
         if record.exc_info:

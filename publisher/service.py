@@ -123,7 +123,7 @@ class Service:
         self.down: dict[str, str] = {}  # thread name -> why it is being restarted
         self.started = False
         metrics.ready.set_function(lambda: 1.0 if self.ready()[0] else 0.0)
-        metrics.credential_reloads.set_function(lambda: float(self.kube.health().reloads))
+        metrics.credential_reloads.read_from(lambda: float(self.kube.health().reloads))
         metrics.unauthorized.set_function(lambda: float(self.kube.health().unauthorized))
 
     def _drifted(self, ns: str, name: str, why: str) -> None:

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from publisher import limits
+from publisher.observe.metrics import EVENT_RESULTS, preset  # also turns the `_created` series off
 
 
 @dataclass
@@ -86,7 +87,10 @@ class ChainGuard:
 
 
 class KeeperMetrics:
-    """The keeper's own series, served by publisher/observe/metrics.py's bounded HealthServer."""
+    """The keeper's own series, served by publisher/observe/metrics.py's bounded HealthServer.
+
+    Named like the publisher's (counters exposed as `<name>_total` only, Event outcomes at 0 from the
+    start); the per-conflist series appear with the first conflist the keeper looks at."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -101,7 +105,8 @@ class KeeperMetrics:
         self.aborted = Counter("netclaim_chain_edits_aborted_total", "Edits abandoned because the file changed "
                                "while being edited (retried on the next look)", registry=r)
         self.ready = Gauge("netclaim_chain_keeper_ready", "1 when /readyz answers ready", registry=r)
-        self.k8s_events = Counter("netclaim_k8s_events_total", "Warning Events by outcome", ["result"], registry=r)
+        self.k8s_events = preset(Counter("netclaim_k8s_events_total", "Warning Events by outcome", ["result"],
+                                         registry=r), *EVENT_RESULTS)
         self.http_refused = Counter("netclaim_http_connections_refused_total", "Connections to /metrics or "
                                     "/readyz closed at once because every handler was busy", registry=r)
         self.probe_refused = Counter("netclaim_probe_connections_refused_total", "Connections to the probe "

@@ -269,6 +269,9 @@ class Kube:
 
     api_client: Any
     record: Callable[[str, str], None] = lambda verb, code: None
+    # Told each request's latency (verb, code, seconds until its answer was read; a watch: until its stream
+    # opened): publisher/observe/metrics.py netclaim_api_request_duration_seconds.
+    record_duration: Callable[[str, str, float], None] = lambda verb, code, seconds: None
     credentials: Credentials | None = None
     # Told the purpose of every request sent (publisher/observe/metrics.py netclaim_api_requests_by_purpose_total).
     count_purpose: Callable[[str], None] = lambda purpose: None
@@ -367,14 +370,17 @@ class Kube:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
+        sent = time.monotonic()
         try:
             resp = self.api_client.request(method, path, query, headers, body, timeout, stream=stream)
         except Exception as exc:  # urllib3/ssl/socket errors: no answer from the server
             self.record(verb, "error")
+            self.record_duration(verb, "error", time.monotonic() - sent)
             tls = tls_failure(exc)
             self._note(0, f"{type(exc).__name__}: {exc}", tls)
             raise (TlsFailed if tls else TransientError)(0, f"{type(exc).__name__}: {exc}") from None
         self.record(verb, str(resp.status))
+        self.record_duration(verb, str(resp.status), time.monotonic() - sent)
         if resp.status >= 400:
             message = _api_message(resp.read())
             if stream:

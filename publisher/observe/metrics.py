@@ -6,11 +6,16 @@ process metrics), so what a dashboard sees is what this module defines.
 Names follow the Prometheus conventions: a `netclaim_` prefix, base units in
 the name (`_seconds`), counters end in `_total` (written out here; the client
 library would add it anyway), and `netclaim_build_info` is a constant 1 whose
-labels say which build is running. The backlog gauges (journal and spool
-depth, age of the oldest pending event) are computed when scraped, so an
-alert on a stuck publisher needs no cooperation from the stuck part; a
-gauge that reads the journal uses its read connection with a bound, and
-shows its last value when that fails, so a scrape never blocks on it.
+labels say which build is running. A counter is exposed as `<name>_total` and
+nothing else: the client library's `<name>_created` series are off for the
+whole process. A labelled counter whose label takes a known set of values
+(reasons, results, purposes) starts with each of them at 0, so a `rate()` over
+it is 0 from the first scrape instead of "no data" until the first increment.
+The backlog gauges (journal and spool depth, age of the oldest pending event)
+are computed when scraped, so an alert on a stuck publisher needs no
+cooperation from the stuck part; a gauge that reads the journal uses its read
+connection with a bound, and shows its last value when that fails, so a
+scrape never blocks on it.
 
 The HTTP server is reachable from every pod of the node (the chart listens on
 the node's IP), so it is bounded like any production server: a fixed pool of
@@ -35,14 +40,64 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
 from cni_plugin import __version__
 from cni_plugin.wire import PROTOCOL_VERSION, SPOOL_SUFFIX
 
 from publisher import limits
+
+# No `_created` series beside the counters and histograms (module docstring); the keeper's registry too.
+disable_created_metrics()
+
+# The values a labelled counter can take, each exposed at 0 from the start (module docstring).
+# Where they are counted: publisher/intake/ (ops, rejections), publisher/reconcile/rules.py (failures,
+# ignored), publisher/repair/resync.py (drift causes), publisher/kube/calls.py (purposes),
+# publisher/observe/events.py (Event outcomes), publisher/live/ (interface changes).
+OPS = ("ADD", "DEL", "CHECK", "GC")
+REJECTED_REASONS = ("bad_frame", "bad_request", "bad_event", "too_many_connections", "no_pod_identity",
+                    "bad_spool_file", "newer_version", "earlier_boot")
+FAILED_REASONS = ("invalid_entry", "unresolvable", "unresolved", "internal_error")
+IGNORED_REASONS = ("no_claim", "no_request", "earlier_boot")
+DRIFT_CAUSES = ("window", "outcome", "pod_deleted", "safety_net")
+API_PURPOSES = ("resolve-watch", "resolve-get", "apply", "verify", "reconcile", "get", "list", "watch", "event")
+EVENT_RESULTS = ("created", "failed", "deduplicated", "series_updated", "dropped", "disabled")
+INTERFACE_CHANGES = ("LinkDown", "NoCarrier", "AddressLost", "InterfaceGone", "Recovered", "AddressesChanged",
+                     "MacChanged", "Changed")
+APPLY_ERROR_CODES = ("409", "422")  # the refusals an apply meets in practice (a 403 is retried, not counted)
+UNKNOWN_FIELD_OTHER = "(other)"  # publisher/intake/spool.py: names past its cap
+# An API request's latency, from sending it until its answer is read (a watch: until its stream opens):
+# 1 ms (a cached GET on a local server) to 30 s (a slow apply, or a request that ends at its timeout).
+API_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def preset(counter: Counter, *values: Any) -> Counter:
+    """Create `counter`'s series for each label value (a tuple for several labels), at 0."""
+    for value in values:
+        counter.labels(*(value if isinstance(value, tuple) else (value,)))
+    return counter
+
+
+class CountRead(Collector):
+    """A counter whose count another object keeps (read when scraped), exposed as `<name>_total`."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name, self.documentation = name, documentation
+        self.read: Callable[[], float] = lambda: 0.0
+        registry.register(self)
+
+    def read_from(self, read: Callable[[], float]) -> None:
+        self.read = read
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(self.name, self.documentation, value=float(self.read()))]
 
 
 class Metrics:
@@ -50,15 +105,20 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         ProcessCollector(registry=r)
-        self.events_received = Counter("netclaim_events_received_total", "Events received on the socket", ["op"], registry=r)
-        self.events_acked = Counter("netclaim_events_acked_total", "Events committed to the journal and acknowledged", ["op"], registry=r)
+        self.events_received = preset(Counter("netclaim_events_received_total", "Events received on the socket",
+                                              ["op"], registry=r), *OPS)
+        self.events_acked = preset(Counter("netclaim_events_acked_total", "Events committed to the journal and "
+                                           "acknowledged", ["op"], registry=r), *OPS)
         self.events_spooled = Counter("netclaim_events_spooled_total", "Events ingested from the spool directory", registry=r)
         self.events_duplicate = Counter("netclaim_events_duplicate_total", "Events dropped as already journaled (same event id)", registry=r)
-        self.events_rejected = Counter("netclaim_events_rejected_total", "Events or frames refused", ["reason"], registry=r)
-        self.wire_unknown_fields = Counter(
+        self.events_rejected = preset(Counter("netclaim_events_rejected_total", "Events or frames refused", ["reason"],
+                                              registry=r), *REJECTED_REASONS)
+        self.wire_unknown_fields = preset(Counter(
             "netclaim_wire_unknown_fields_total", "Event fields ignored because this publisher does not know them "
-            "(sent by a newer plugin), by name (at most 32 names; more count as (other))", ["field"], registry=r)
-        self.events_failed = Counter("netclaim_events_failed_total", "Events dropped after a permanent error or timeout", ["reason"], registry=r)
+            "(sent by a newer plugin), by name (at most 32 names; more count as (other))", ["field"], registry=r),
+            UNKNOWN_FIELD_OTHER)
+        self.events_failed = preset(Counter("netclaim_events_failed_total", "Events dropped after a permanent error "
+                                            "or timeout", ["reason"], registry=r), *FAILED_REASONS)
         self.peers_refused = Counter("netclaim_peers_refused_total", "Socket peers refused by SO_PEERCRED", registry=r)
         self.journal_depth = Gauge("netclaim_journal_depth", "Pending events in the journal", registry=r)
         self.attachments = Gauge("netclaim_attachments", "Attachments tracked (desired state)", registry=r)
@@ -66,25 +126,32 @@ class Metrics:
             "netclaim_add_to_published_seconds", "From the plugin's ADD to the apply that published it",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
         self.api_requests = Counter("netclaim_api_requests_total", "Kubernetes API requests", ["verb", "code"], registry=r)
+        self.api_latency = Histogram(
+            "netclaim_api_request_duration_seconds", "Kubernetes API requests: from sending one until its answer "
+            "was read (a watch: until its stream opened), by verb and code (error: no answer)", ["verb", "code"],
+            buckets=API_LATENCY_BUCKETS, registry=r)
         self.apply_skips = Counter("netclaim_apply_skips_total", "Applies skipped because the body equals the last applied one", registry=r)
         self.apply_holds = Counter("netclaim_apply_holds_total", "ADDs whose claim apply waited for the same "
                                    "sandbox's ADDs of the claim's other devices (one apply for them all)", registry=r)
-        self.apply_errors = Counter("netclaim_apply_errors_total", "Permanent apply errors", ["code"], registry=r)
+        self.apply_errors = preset(Counter("netclaim_apply_errors_total", "Permanent apply errors", ["code"],
+                                           registry=r), *APPLY_ERROR_CODES)
         self.resyncs = Counter("netclaim_resyncs_total", "Times every tracked claim had been verified by the "
                                "safety net (or a reconcile) since the last count", registry=r)
         self.claims_verified = Counter("netclaim_claims_verified_total", "Claims the safety net compared with "
                                        "the live cluster (one GET each)", registry=r)
-        self.drift_repaired = Counter(
+        self.drift_repaired = preset(Counter(
             "netclaim_drift_repaired_total", "Reconciles that wrote because the claim was not as desired, by what "
-            "found it (window, outcome, pod_deleted, safety_net)", ["cause"], registry=r)
-        self.api_purpose = Counter(
+            "found it (window, outcome, pod_deleted, safety_net)", ["cause"], registry=r), *DRIFT_CAUSES)
+        self.api_purpose = preset(Counter(
             "netclaim_api_requests_by_purpose_total", "Kubernetes API requests sent, by purpose (resolve-watch, "
-            "resolve-get, apply, verify, reconcile, get, list, watch, event)", ["purpose"], registry=r)
+            "resolve-get, apply, verify, reconcile, get, list, watch, event)", ["purpose"], registry=r),
+            *API_PURPOSES)
         self.claim_windows = Gauge("netclaim_claim_windows_open", "Claim watches open (resolving, or the window "
                                    "after netclaim's apply)", registry=r)
-        self.k8s_events = Counter(
+        self.k8s_events = preset(Counter(
             "netclaim_k8s_events_total", "Warning Events about permanent failures, by outcome "
-            "(created, failed, deduplicated, dropped, disabled)", ["result"], registry=r)
+            "(created, failed, deduplicated, series_updated, dropped, disabled)", ["result"], registry=r),
+            *EVENT_RESULTS)
         self.build_info = Gauge(
             "netclaim_build_info", "Always 1; the labels name the running build",
             ["version", "wire_protocol", "python_version"], registry=r)
@@ -98,8 +165,9 @@ class Metrics:
         self.spool_overflow = Counter(
             "netclaim_spool_overflow_events_total", "Events the plugin could not spool (spool at its cap), "
             "from the spool's overflow marker", registry=r)
-        self.credential_reloads = Gauge("netclaim_credential_reloads", "Times the API credentials were "
-                                        "re-read because they changed on disk or a request got 401", registry=r)
+        # A count kept by the API client's credentials (publisher/kube/calls.py), read when scraped.
+        self.credential_reloads = CountRead("netclaim_credential_reloads", "Times the API credentials were "
+                                            "re-read because they changed on disk or a request got 401", r)
         self.unauthorized = Gauge("netclaim_api_unauthorized_consecutive", "Consecutive 401 answers "
                                   "(credentials rejected); /readyz fails past a threshold", registry=r)
         self.ready = Gauge("netclaim_ready", "1 when /readyz answers ready", registry=r)
@@ -107,9 +175,9 @@ class Metrics:
         # `ignored`): no_claim = the pod has no claim that can be the driver's (most pods on a node);
         # no_request = its claims have devices of the driver, none for the entry's request (with several
         # networks, each chaining netclaim with its own request, a pod that claimed only some of them).
-        self.events_ignored = Counter(
+        self.events_ignored = preset(Counter(
             "netclaim_events_ignored_total", "Events that need no publishing and are no failure, by reason",
-            ["reason"], registry=r)
+            ["reason"], registry=r), *IGNORED_REASONS)
         # The boot rule (publisher/journal/store.py): attachments of sandboxes of an earlier boot, removed at
         # the first start of a boot; their events arriving later count as events_ignored{earlier_boot}.
         self.boot_retired = Counter(
@@ -127,9 +195,10 @@ class Metrics:
             "that no CNI ADD of netclaim attached, though the pod's sandbox ran netclaim (a network not chained)",
             registry=r)
         # publisher/live/: the entry follows the interface in the pod's netns after ADD.
-        self.interface_changes = Counter(
+        self.interface_changes = preset(Counter(
             "netclaim_interface_changes_total", "Changes of an attachment's interface seen in its netns and "
-            "written (Ready=False reasons, Recovered, AddressesChanged, MacChanged)", ["reason"], registry=r)
+            "written (Ready=False reasons, Recovered, AddressesChanged, MacChanged)", ["reason"], registry=r),
+            *INTERFACE_CHANGES)
         self.live_debounced = Counter(
             "netclaim_interface_changes_held_total", "Interface changes held back to the end of an "
             "attachment's write hold (a flapping link costs one apply per hold)", registry=r)
@@ -181,6 +250,9 @@ class Metrics:
 
     def record_api(self, verb: str, code: str) -> None:
         self.api_requests.labels(verb, code).inc()
+
+    def record_api_duration(self, verb: str, code: str, seconds: float) -> None:
+        self.api_latency.labels(verb, code).observe(seconds)
 
     def record_purpose(self, purpose: str) -> None:
         self.api_purpose.labels(purpose).inc()

@@ -81,7 +81,7 @@ class Root:
 
     def log_events(self) -> list[str]:
         log = self.host(LOG)
-        return [json.loads(line).get("event") for line in log.read_text().splitlines()] if log.exists() else []
+        return [json.loads(line).get("msg") for line in log.read_text().splitlines()] if log.exists() else []
 
     def files(self) -> list[str]:
         """Every file in the root, spooled events by kind (their names are unique per event)."""

@@ -100,7 +100,7 @@ def test_stdout_and_exit_code_equal_the_source_plugin(bundle: Path, source_plugi
             got = _run(str(bundle), case, sandbox)
             if got[:2] != want[:2]:
                 differences.append(f"{case.name}: source {want[:2]!r} bundle {got[:2]!r}")
-            assert [r.get("event") for r in got[2]] == [r.get("event") for r in want[2]], case.name
+            assert [r.get("msg") for r in got[2]] == [r.get("msg") for r in want[2]], case.name
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     assert not differences, "\n".join(differences)
@@ -123,8 +123,8 @@ def test_internal_error_path_formats_the_traceback_from_frozen_code(bundle: Path
         shutil.rmtree(WORK, ignore_errors=True)
     (src_rc, _, src_log), (bundle_rc, _, bundle_log) = results
     assert bundle_rc == src_rc != 0
-    src_err = [r for r in src_log if r.get("event") == "internal error"]
-    bundle_err = [r for r in bundle_log if r.get("event") == "internal error"]
+    src_err = [r for r in src_log if r.get("msg") == "internal error"]
+    bundle_err = [r for r in bundle_log if r.get("msg") == "internal error"]
     assert len(bundle_err) == len(src_err) == 1
     assert bundle_err[0]["error"] == src_err[0]["error"] == "OSError(9, 'Bad file descriptor')"
     tb = bundle_err[0]["traceback"]
@@ -148,7 +148,7 @@ def test_a_fifo_planted_as_the_log_file_is_refused_alike_and_blocks_no_add(bundl
             except subprocess.TimeoutExpired:
                 pytest.fail(f"{name}: the ADD never completed: opening the FIFO for writing blocked it")
             refused = [json.loads(line) for line in proc.stderr.decode().splitlines()
-                       if line.startswith("{") and json.loads(line)["event"].startswith("logFile refused")]
+                       if line.startswith("{") and json.loads(line)["msg"].startswith("logFile refused")]
             results[name] = (proc.returncode, proc.stdout, [r["logFileError"] for r in refused])
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

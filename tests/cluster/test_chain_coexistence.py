@@ -149,7 +149,7 @@ class Keeper:
         for line in self.log().splitlines():
             with contextlib.suppress(ValueError):
                 rec = json.loads(line)
-                if rec.get("event") == "chain keeper metrics" and rec.get("port"):
+                if rec.get("msg") == "chain keeper metrics" and rec.get("port"):
                     return int(rec["port"])
         return None
 

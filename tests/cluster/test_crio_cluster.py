@@ -120,8 +120,8 @@ def plugin_calls(cluster: RealCluster, sandbox: str) -> list[dict[str, Any]]:
 
 
 def message(rec: dict[str, Any]) -> str:
-    """A JSON log record's message (its key was "event" in older logs)."""
-    return rec.get("msg") or rec.get("event") or ""
+    """A JSON log record's message."""
+    return rec.get("msg") or ""
 
 
 def commands(cluster: RealCluster, sandbox: str) -> list[str]:

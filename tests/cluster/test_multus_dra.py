@@ -99,7 +99,7 @@ def last_error(cluster: RealCluster) -> str:
     if not errors:
         return ""
     e = json.loads(errors[-1])
-    return f"{e.get('event')} ({e.get('ifname', '')}): {(e.get('exception') or e.get('error') or '').strip()[-300:]}"
+    return f"{e.get('msg')} ({e.get('ifname', '')}): {(e.get('exception') or e.get('error') or '').strip()[-300:]}"
 
 
 @pytest.fixture(scope="module")

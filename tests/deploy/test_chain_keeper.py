@@ -611,3 +611,26 @@ def test_the_contest_is_a_warning_event_on_the_node(node: Node, plugin_binary, t
         assert event["regarding"]["uid"] == node_name  # as the kubelet's: `kubectl describe node` shows it
         assert "05-cilium.conflist" in event["note"]
         assert event["reportingController"] == "netclaim.dev/publisher" and event["action"] == "ChainPlugin"
+
+
+def test_the_keeper_logs_at_its_log_level_in_dated_text_or_json_with_msg(node: Node, plugin_binary) -> None:
+    node.write("10-calico.conflist", PRIMARY)
+    once = subprocess.run(keeper_argv(node, plugin_binary, "--once"), capture_output=True, text=True,
+                          env=python_env(), timeout=60)
+    assert once.returncode == 0, once.stderr
+    lines = once.stderr.splitlines()
+    assert any(" INFO " in line and "netclaim chained" in line for line in lines), once.stderr
+    # Text lines start with the time in ISO 8601, UTC.
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR|DEBUG) ", line)
+               for line in lines), once.stderr
+    node.write("10-calico.conflist", PRIMARY)
+    quiet = subprocess.run(keeper_argv(node, plugin_binary, "--once", "--log-level=warning"), capture_output=True,
+                           text=True, env=python_env(), timeout=60)
+    assert quiet.returncode == 0 and node.chained("10-calico.conflist"), quiet.stderr
+    assert " INFO " not in quiet.stderr, quiet.stderr
+    node.write("10-calico.conflist", PRIMARY)
+    json_lines = subprocess.run(keeper_argv(node, plugin_binary, "--once", "--log-format=json"), capture_output=True,
+                                text=True, env={**python_env(), "NETCLAIM_LOG_LEVEL": "info"}, timeout=60)
+    records = [json.loads(line) for line in json_lines.stderr.splitlines()]
+    assert records and all(list(r)[:3] == ["ts", "level", "msg"] and "event" not in r for r in records), records
+    assert any(r["msg"] == "netclaim chained" and r["conflist"] == "10-calico.conflist" for r in records), records

@@ -34,7 +34,8 @@ def driver_rule(role: dict) -> dict:
 def test_helm_lint_passes_with_defaults_and_with_every_toggle() -> None:
     helm("lint", "--strict", str(CHART), "--kube-version", kube_version())
     helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), "--set", "namespace.create=true", "--set", "metrics.podMonitor.enabled=true",
-         "--set", "metrics.serviceMonitor.enabled=true", "--set", "driverName={a.example.com,b.example.com}")
+         "--set", "metrics.serviceMonitor.enabled=true", "--set", "driverName={a.example.com,b.example.com}",
+         "--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.dashboard.enabled=true")
 
 
 def test_one_driver_name_feeds_rbac_configmap_and_the_conflist_entry(tmp_root: Path) -> None:
@@ -155,7 +156,7 @@ def test_generated_manifests_are_not_stale() -> None:
 NON_DEFAULT = ("nameOverride=nc", "commonLabels.team=net", "podLabels.tier=node", "imagePullSecrets[0].name=regcred",
                "serviceAccount.annotations.owner=net", "updateStrategy.maxUnavailable=10%",
                "resourceQuota.enabled=true", "securityContext.privileged=true", "securityContext.seLinuxType=spc_t",
-               "cni.pluginLogFile=/var/log/netclaim/plugin.log",
+               "cni.pluginLogFile=/var/log/netclaim/plugin.log", "metrics.dashboard.enabled=true",
                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
                ".matchExpressions[0].key=netclaim",
                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"

@@ -155,8 +155,8 @@ def test_uninstall_removes_the_plugin_log_and_its_rotation(tmp_root: Path) -> No
     conflist = write_base(tmp_root)
     log = tmp_root / "log" / "netclaim" / "plugin.log"
     log.parent.mkdir(parents=True)
-    log.write_text('{"event": "ADD"}\n')
-    Path(f"{log}.1").write_text('{"event": "older"}\n')
+    log.write_text('{"msg": "ADD"}\n')
+    Path(f"{log}.1").write_text('{"msg": "older"}\n')
     keep = log.parent / "someone-elses.log"
     keep.write_text("not ours\n")
 
@@ -184,7 +184,7 @@ def test_one_entry_per_network_each_with_its_own_driver_and_request(tmp_root: Pa
     assert [(e["driverName"], e["request"]) for e in netclaim_entries(second)] == [("storage.example.com",
                                                                                      "storage-nic")]
     plugin = tmp_root / "bin" / "netclaim"
-    log.write_text('{"event": "ADD"}\n')
+    log.write_text('{"msg": "ADD"}\n')
 
     uninstall = ("--cni-bin-dir", str(tmp_root / "bin"), "--uninstall", "--log-file", str(log))
     proc = run_install(*uninstall, "--conflist", str(first))

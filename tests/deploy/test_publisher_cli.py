@@ -65,6 +65,7 @@ def test_metric_names_follow_prometheus_conventions_and_backlog_gauges(tmp_root:
     from prometheus_client.parser import text_string_to_metric_families
 
     import cni_plugin
+    from publisher.chain.guard import KeeperMetrics
     from publisher.observe.metrics import Metrics
 
     metrics = Metrics()
@@ -77,10 +78,14 @@ def test_metric_names_follow_prometheus_conventions_and_backlog_gauges(tmp_root:
     journaled = [30.0]  # age of the oldest pending journal event, seconds
     metrics.watch_backlog(str(spool), lambda: journaled[0])
     families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
-    for fam in families.values():
-        assert fam.name.startswith(("netclaim_", "process_")), fam.name
-        if fam.type == "counter":
-            assert all(s.name.endswith(("_total", "_created")) for s in fam.samples), fam.name
+    for exposition in (metrics.exposition(), KeeperMetrics().exposition()):
+        for fam in text_string_to_metric_families(exposition.decode()):
+            assert fam.name.startswith(("netclaim_", "process_")), fam.name
+            # A counter is <name>_total and nothing else; no _created series beside counters or histograms.
+            assert not [s.name for s in fam.samples if s.name.endswith("_created")], fam.name
+            if fam.type == "counter":
+                assert all(s.name == f"{fam.name}_total" for s in fam.samples), fam.name
+    assert families["netclaim_credential_reloads"].type == "counter"
     [info] = families["netclaim_build_info"].samples
     assert info.value == 1 and info.labels["version"] == cni_plugin.__version__
     assert families["netclaim_spool_depth"].samples[0].value == 2

@@ -44,7 +44,7 @@ def test_report_only_add_fills_mtu_and_hands_off_to_publisher(chain: Chain, publ
     assert all("version" not in ip for ip in event.result["ips"])
     assert _sandbox(event.result)["mtu"] == 1500
     logs = chain.dirs.log_records()
-    assert any(r["event"] == "ADD done" and r["containerID"] == chain.container_id and r["pod"] == "team-a/web-0"
+    assert any(r["msg"] == "ADD done" and r["containerID"] == chain.container_id and r["pod"] == "team-a/web-0"
                and r["handoff"] == "acked" for r in logs)
 
 

@@ -90,7 +90,7 @@ def assert_add_succeeded(rc: int, out: str, err: str) -> None:
 def refusals(err: str) -> list[dict]:
     """The stderr lines that say the log file was refused (there must be exactly one per run)."""
     records = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    return [r for r in records if r["event"].startswith(REFUSED)]
+    return [r for r in records if r["msg"].startswith(REFUSED)]
 
 
 def assert_refused_once(err: str, *why: str) -> None:
@@ -113,7 +113,7 @@ def test_a_root_owned_private_log_file_in_a_sticky_dir_is_appended_to(plugin_exe
     assert_add_succeeded(rc, out, err)
     assert refusals(err) == [], err
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert any(r["event"] == "ADD done" and r["pod"] == "team-a/web-0" for r in records), records
+    assert any(r["msg"] == "ADD done" and r["pod"] == "team-a/web-0" for r in records), records
 
 
 def test_a_log_file_the_plugin_creates_in_a_sticky_dir_is_root_only(plugin_exe: str, dirs: Dirs,

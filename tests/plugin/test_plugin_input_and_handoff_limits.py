@@ -88,7 +88,7 @@ def test_short_write_on_full_disk_is_not_spooled(plugin_exe: str, dirs: Dirs, tm
 
     rc, out, err = add(plugin_exe, dirs, prev, spoolDir=str(spool))  # Ignore: a logged drop
     assert (rc, leftovers(spool)) == (0, []), out + err
-    lost = [r for r in dirs.log_records() if r["event"] == "event not handed off"]
+    lost = [r for r in dirs.log_records() if r["msg"] == "event not handed off"]
     assert lost and lost[-1]["outcome"] == "lost" and "No space left" in lost[-1]["spoolError"]
     assert fs.free() == 4096, "nothing of the failed writes holds space"
 
@@ -175,7 +175,7 @@ def test_oversized_prev_result_is_refused_on_both_channels(plugin_exe: str, dirs
     rc, out, err = add(plugin_exe, dirs, prev)  # Ignore: the pod starts, the report is a logged drop
     assert rc == 0 and json.loads(out)["routes"] == prev["routes"], err
     assert publisher.events == [] and leftovers(dirs.spool) == []
-    dropped = [r for r in dirs.log_records() if r["event"] == "event not handed off: too large"]
+    dropped = [r for r in dirs.log_records() if r["msg"] == "event not handed off: too large"]
     assert dropped and dropped[-1]["outcome"] == "too-large"
 
 
@@ -254,7 +254,7 @@ def test_symlinked_parent_planted_by_nobody_is_not_followed(plugin_exe: str, dir
     assert sorted(os.listdir(victim)) == ["spool"] and os.listdir(victim / "spool") == [], "nothing written there"
     assert stat.S_IMODE((victim / "spool").stat().st_mode) == 0o755, "nothing chmod-ed there"
     records = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    lost = [r for r in records if r["event"] == "event not handed off"]
+    lost = [r for r in records if r["msg"] == "event not handed off"]
     assert lost and "owned by uid 65534" in lost[0]["spoolError"], records
     assert "owned by uid 65534" in lost[0].get("logFileError", ""), "the log says why it is on stderr"
 
@@ -318,7 +318,7 @@ def test_socket_served_by_nobody_gets_no_event(plugin_exe: str, dirs: Dirs, host
         rc, out, err = add(plugin_exe, dirs, prev_result(), socketPath=sock, failurePolicy="Fail")
         assert rc == 0, out + err
         assert [e.op for e in dirs.spooled()] == ["ADD"], "spooled instead"
-        spooled = [r for r in dirs.log_records() if r["event"] == "event spooled"]
+        spooled = [r for r in dirs.log_records() if r["msg"] == "event spooled"]
         assert "served by uid 65534, not root" in spooled[-1]["socketError"]
         # STATUS does not count nobody's socket as the publisher either.
         broken = str(home / "nospool" / "spool")  # nobody's dir: the spool is refused too

@@ -71,7 +71,7 @@ def test_plugin_log_file_empty_writes_no_file(plugin_exe: str, dirs: Dirs, how: 
 
 def _fill(path: Path, size: int, marker: str) -> None:
     path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    line = (json.dumps({"event": marker, "pad": "x" * 200}) + "\n").encode()
+    line = (json.dumps({"msg": marker, "pad": "x" * 200}) + "\n").encode()
     path.write_bytes(line * (size // len(line) + 1))
 
 
@@ -109,7 +109,7 @@ def test_plugin_log_rotates_at_the_cap_under_concurrent_runs(plugin_exe: str, di
     _fill(log, MAX_LOG_BYTES, "older")
     _adds(plugin_exe, dirs, ["ctr-b0"])
     assert sorted(p.name for p in log.parent.iterdir()) == [log.name, rotated.name]
-    assert "old" not in {r["event"] for r in map(json.loads, rotated.read_text().splitlines())}
+    assert "old" not in {r["msg"] for r in map(json.loads, rotated.read_text().splitlines())}
     assert log.stat().st_size + rotated.stat().st_size < 2 * MAX_LOG_BYTES + 64 * 1024
     assert _containers(log) == {"ctr-b0"}
 

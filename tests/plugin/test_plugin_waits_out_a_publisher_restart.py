@@ -35,7 +35,7 @@ def test_an_add_during_a_publisher_restart_is_acked_when_the_spool_is_read_only(
     try:
         assert rc == 0, out + err
         assert [(e.op, e.pod.name) for e in came_back[0].events] == [("ADD", "web-0")], "the event reached the publisher"
-        waited = [r for r in dirs.log_records() if r.get("event") == "event handed off after waiting for the publisher"]
+        waited = [r for r in dirs.log_records() if r.get("msg") == "event handed off after waiting for the publisher"]
         assert waited and "Read-only" in waited[0]["spoolError"], dirs.log_records()
     finally:
         for pub in came_back:
@@ -47,7 +47,7 @@ def test_an_add_is_refused_once_the_wait_ends_without_a_publisher(plugin_exe: st
     spool = read_only_spool(tmpfs_factory)
     rc, out, err = add(plugin_exe, dirs, prev_result(), spoolDir=spool, failurePolicy="Fail", handoffWaitMs=300)
     assert rc == 1 and error_of(out)["code"] == 11, out + err
-    lost = [r for r in dirs.log_records() if r.get("event") == "event not handed off"]
+    lost = [r for r in dirs.log_records() if r.get("msg") == "event not handed off"]
     assert lost and lost[0]["waitedMs"] == 300, dirs.log_records()
 
 

@@ -93,7 +93,7 @@ def test_add_hand_off_failures(plugin_exe: str, dirs: Dirs, failure: str, policy
     else:
         assert _error(out)["code"] == code
     handoffs = [r.get("handoff") or r.get("outcome") for r in dirs.log_records()
-                if r["event"] in ("ADD done", "event not handed off")]
+                if r["msg"] in ("ADD done", "event not handed off")]
     assert outcome in handoffs, handoffs
     if outcome == "dropped":
         marker = wire.read_overflow(dirs.spool)
@@ -148,7 +148,7 @@ def test_del_with_invalid_config_exits_0_and_records_what_it_can(plugin_exe: str
     rc, out, err = _exec(plugin_exe, "DEL", _conf(dirs, "DEL", policy, **extra))
     assert (rc, out) == (0, ""), out + err
     logs = dirs.log_records() or [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    assert any(r["event"].startswith("DEL with an invalid config") for r in logs), logs
+    assert any(r["msg"].startswith("DEL with an invalid config") for r in logs), logs
     driver_ok = "driverName" not in extra
     # What it could: with a usable driverName and spool dir the DEL event still reaches the spool.
     if driver_ok and "spoolDir" not in extra:
@@ -207,7 +207,7 @@ def test_del_restore_refuses_paths_outside_proc_sys_net(chain: Chain, tmp_path: 
     assert victim.read_text() == "original"
     assert Path("/proc/sys/kernel/hostname").read_text() == hostname
     assert chain.netns.read("/proc/sys/net/ipv4/conf/eth0/arp_filter") == "0", "the legitimate path is restored"
-    refused = [r for r in chain.dirs.log_records() if r["event"] == "restore incomplete"]
+    refused = [r for r in chain.dirs.log_records() if r["msg"] == "restore incomplete"]
     assert refused and sum("refused" in f for f in refused[0]["failed"]) == 4
 
 

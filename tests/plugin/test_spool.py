@@ -319,7 +319,7 @@ def test_ack_timeout_bounds_the_whole_hand_off_not_each_call(plugin_exe: str, di
         pub.close()
     assert pub.sent_all == [False], "the plugin hung up before the trickled ack was complete"
     assert [e.op for e in dirs.spooled()] == ["ADD"], "gave up on the socket and spooled"
-    spooled = [r for r in dirs.log_records() if r["event"] == "event spooled"]
+    spooled = [r for r in dirs.log_records() if r["msg"] == "event spooled"]
     assert spooled and ("Timeout" in spooled[0]["socketError"] or "timed out" in spooled[0]["socketError"])
 
 

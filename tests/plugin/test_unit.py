@@ -283,7 +283,7 @@ def test_logs_never_reach_stdout(tmp_path, capfd) -> None:
     assert (rc, out) == (0, "")
     assert capfd.readouterr().out == ""
     records = [json.loads(line) for line in (tmp_path / "p.log").read_text().splitlines()]
-    assert records[-1]["event"] == "DEL done" and records[-1]["containerID"] == "c"
+    assert records[-1]["msg"] == "DEL done" and records[-1]["containerID"] == "c"
 
 
 # ------------------------------------------------------------------ lean JSON

@@ -97,7 +97,7 @@ def test_huge_spool_file_is_quarantined_before_parsing(publisher_at) -> None:
     bad = wait_for(lambda: [n for n in os.listdir(pub.spool) if n.endswith(".bad")], "the .bad rename")
     assert len(bad) == 1 and os.path.getsize(os.path.join(pub.spool, bad[0])) >= size
     assert rejected(pub, "bad_spool_file") == 1
-    logged = [r for r in pub.log_events() if "renamed to .bad" in r.get("event", "")]
+    logged = [r for r in pub.log_events() if "renamed to .bad" in r.get("msg", "")]
     assert logged and "exceeds" in json.dumps(logged[0]), logged
     status = pub.status()
     assert status["ready"] and status["journal_depth"] == 0 and status["spool_files"] == 0, status

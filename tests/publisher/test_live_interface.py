@@ -186,6 +186,6 @@ def test_without_the_right_to_enter_netns_the_watch_is_off_and_says_so(cluster: 
         assert answer.get("ok"), answer
         assert answer["status"]["live_watch"]["enabled"] is False, answer["status"]["live_watch"]
         lines = [e for e in pub.log_events() if e.get("component") == "live-watch"]
-        assert any("is off" in e.get("event", "") for e in lines), json.dumps(lines)
+        assert any("is off" in e.get("msg", "") for e in lines), json.dumps(lines)
     finally:
         chain.cleanup()

@@ -39,7 +39,7 @@ def test_add_publishes_canonical_ips_mac_and_ready(cluster: Cluster, publisher, 
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "NetworkConfigured")
     assert d["data"]["network"] == "testnet"
     deadline = time.time() + 10  # the log line follows the apply (and the journal commit) by a moment
-    while not (published := [e for e in publisher.log_events() if e.get("event") == "published"]) \
+    while not (published := [e for e in publisher.log_events() if e.get("msg") == "published"]) \
             and time.time() < deadline:
         time.sleep(0.05)
     assert published and published[0]["claim"] == f"{cluster.namespace}/{claim}"
@@ -182,6 +182,9 @@ def test_refused_apply_is_reported_and_not_retried_forever(cluster: Cluster, pub
     assert st["claims"][key]["error"].startswith("409: ")
     applies = publisher.metric('netclaim_api_requests_total{code="409",verb="apply"}')
     assert applies == 1
+    # Its latency is in the histogram, under the same verb and code.
+    assert publisher.metric('netclaim_api_request_duration_seconds_count{code="409",verb="apply"}') == 1
+    assert publisher.metric('netclaim_api_request_duration_seconds_bucket{code="409",le="30.0",verb="apply"}') == 1
     time.sleep(3)
     assert publisher.metric('netclaim_api_requests_total{code="409",verb="apply"}') == applies
     assert publisher.metric('netclaim_apply_errors_total{code="409"}') == 1

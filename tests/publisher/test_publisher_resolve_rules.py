@@ -6,6 +6,7 @@ import pytest
 
 from cni_plugin.wire import Event, PodRef
 from publisher.reconcile.resolver import Unresolvable, allocated_node, choose_device
+from publisher.reconcile.slices import DeviceFacts
 
 DRIVER = "net.example.com"
 
@@ -62,14 +63,63 @@ def test_one_candidate_held_by_another_pod_is_a_shared_device():
     assert choose_device(claim(R[:1]), ev(request="a"), [(DRIVER, "p", "nic0", "")])["device"] == "nic0"
 
 
+TWO = [{"request": "a", "driver": DRIVER, "pool": "p", "device": "nic0"},
+       {"request": "a", "driver": DRIVER, "pool": "p", "device": "nic1"}]
+
+
+def slices(facts):
+    """What SliceFacts.facts answers, whatever devices are asked for."""
+    return lambda keys: facts
+
+
 def test_several_devices_for_one_request_by_slice_attribute_then_by_the_free_one():
-    two = [{"request": "a", "driver": DRIVER, "pool": "p", "device": "nic0"},
-           {"request": "a", "driver": DRIVER, "pool": "p", "device": "nic1"}]
-    names = {("p", "nic0"): "net1", ("p", "nic1"): "eth0"}
-    assert choose_device(claim(two), ev("eth0", "a"), [], lambda: names)["device"] == "nic1"
-    assert choose_device(claim(two), ev("eth9", "a"), [(DRIVER, "p", "nic1", "")], lambda: {})["device"] == "nic0"
+    names = slices({("p", "nic0"): DeviceFacts(interface="net1"), ("p", "nic1"): DeviceFacts(interface="eth0")})
+    assert choose_device(claim(TWO), ev("eth0", "a"), [], names)["device"] == "nic1"
+    assert choose_device(claim(TWO), ev("eth9", "a"), [(DRIVER, "p", "nic1", "")], slices({}))["device"] == "nic0"
     with pytest.raises(Unresolvable, match="ambiguous"):
-        choose_device(claim(two), ev("eth9", "a"), [], lambda: names)
+        choose_device(claim(TWO), ev("eth9", "a"), [], names)
+
+
+def with_id(ifname, device_id):
+    event = ev(ifname, "a")
+    event.device_id = device_id
+    return event
+
+
+def test_the_device_carrying_the_interfaces_id_is_chosen_whatever_the_other_rules_say():
+    ids = slices({("p", "nic0"): DeviceFacts(interface="net2", device_id="0000:00:05.3"),
+                  ("p", "nic1"): DeviceFacts(device_id="0000:00:05.0")})
+    assert choose_device(claim(TWO), with_id("net2", "0000:00:05.0"), [], ids)["device"] == "nic1"
+    # bound or not: the ID decides, not the free one
+    assert choose_device(claim(TWO), with_id("net1", "0000:00:05.3"), [(DRIVER, "p", "nic1", "")], ids)["device"] \
+        == "nic0"
+
+
+def test_a_device_with_another_id_is_never_chosen_and_one_without_an_id_is_left_to_the_other_rules():
+    half = slices({("p", "nic0"): DeviceFacts(device_id="0000:00:05.3")})
+    assert choose_device(claim(TWO), with_id("net1", "0000:00:05.0"), [], half)["device"] == "nic1"
+    # No slice knows an ID: the older rules decide (here: two free devices, ambiguous).
+    with pytest.raises(Unresolvable, match="ambiguous"):
+        choose_device(claim(TWO), with_id("net1", "0000:00:05.0"), [], slices({}))
+
+
+def test_an_id_no_candidate_carries_is_refused_naming_each_candidates_id():
+    ids = slices({("p", "nic0"): DeviceFacts(device_id="0000:00:05.3"),
+                  ("p", "nic1"): DeviceFacts(device_id="0000:00:05.2")})
+    with pytest.raises(Unresolvable) as info:
+        choose_device(claim(TWO), with_id("net1", "0000:00:05.0"), [], ids)
+    assert info.value.reason == "DeviceIDNotAllocated"
+    assert "p/nic0=0000:00:05.3" in str(info.value) and "p/nic1=0000:00:05.2" in str(info.value)
+    # one candidate only: its ID is still checked
+    with pytest.raises(Unresolvable, match="DeviceIDNotAllocated|no device allocated"):
+        choose_device(claim(TWO[:1]), with_id("net1", "0000:00:05.0"), [], ids)
+
+
+def test_two_candidates_with_the_same_id_are_ambiguous():
+    same = slices({("p", "nic0"): DeviceFacts(device_id="0000:00:05.0"),
+                   ("p", "nic1"): DeviceFacts(device_id="0000:00:05.0")})
+    with pytest.raises(Unresolvable, match="several devices"):
+        choose_device(claim(TWO), with_id("net1", "0000:00:05.0"), [], same)
 
 
 def test_extended_resource_claim_is_one_of_the_pods_claims():

@@ -158,7 +158,7 @@ def test_spool_is_ingested_at_start_and_files_removed_after_commit(offline):
     assert [e[0] for e in journal_events(p)] == [ev.event_id for ev in events]
     assert sorted(os.listdir(p.spool)) == [os.path.basename(broken) + ".bad"]
     assert p.metric("netclaim_events_spooled_total") == 5
-    lines = [e for e in p.log_events() if e.get("event") == "spool file unreadable, renamed to .bad"]
+    lines = [e for e in p.log_events() if e.get("msg") == "spool file unreadable, renamed to .bad"]
     assert len(lines) == 1
 
 

@@ -134,8 +134,8 @@ def test_undeletable_spool_keeps_housekeeping_going(cluster, tmpfs_spool, workdi
     assert probe(pub, "/healthz")[0] == 200
     # ... and the log is not flooded: the fault is told once, not at every look at the spool.
     events = pub.log_events()
-    assert sum(1 for e in events if e.get("event") == "spool fault") == 1
-    assert not [e for e in events if "crashed" in str(e.get("event"))]
+    assert sum(1 for e in events if e.get("msg") == "spool fault") == 1
+    assert not [e for e in events if "crashed" in str(e.get("msg"))]
     assert len(events) < 100, events[-20:]
 
 

@@ -93,7 +93,7 @@ def test_an_unknown_optional_field_is_accepted_on_the_socket_and_from_the_spool_
     assert not [n for n in os.listdir(p.spool) if n.endswith(".bad")]
     assert rejected(p, "bad_spool_file") == 0 and rejected(p, "bad_event") == 0
     assert p.metric('netclaim_wire_unknown_fields_total{field="numa_node"}') == 2
-    lines = [e for e in p.log_events() if e.get("event") == "unknown event field ignored"]
+    lines = [e for e in p.log_events() if e.get("msg") == "unknown event field ignored"]
     assert len(lines) == 1 and lines[0]["field"] == "numa_node", lines
 
 
@@ -128,7 +128,7 @@ def test_a_spooled_event_of_a_newer_version_is_kept_while_a_malformed_one_is_qua
     assert "spool" not in status["not_ready_reason"], status["not_ready_reason"]
     assert status["spool_files"] == 1  # still pending: a newer publisher will read it
     assert "newer" in status["last_error"]["error"], status["last_error"]
-    kept = [e for e in p.log_events() if e.get("event") == "spool files kept for a newer publisher"]
+    kept = [e for e in p.log_events() if e.get("msg") == "spool files kept for a newer publisher"]
     assert len(kept) == 1 and kept[0]["file"] == names["newer"], kept
 
 
@@ -149,7 +149,7 @@ def test_an_unparseable_spool_file_of_an_earlier_boot_is_dropped_and_counted_wit
     status = p.status()
     assert "spool" not in status["not_ready_reason"], status["not_ready_reason"]
     assert status["spool_files"] == 0
-    dropped = [e for e in p.log_events() if e.get("event") == "unparseable spool files of an earlier boot dropped"]
+    dropped = [e for e in p.log_events() if e.get("msg") == "unparseable spool files of an earlier boot dropped"]
     assert len(dropped) == 1 and dropped[0]["level"] == "info" and dropped[0]["count"] == 2, dropped
 
 

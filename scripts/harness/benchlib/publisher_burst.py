@@ -115,7 +115,7 @@ def _warnings(log: Path, keep: int = 5) -> dict[str, int]:
         except ValueError:
             continue
         if rec.get("level") in ("warning", "error"):
-            key = f"{rec.get('event')}: {str(rec.get('error', ''))[:120]}"
+            key = f"{rec.get('msg')}: {str(rec.get('error', ''))[:120]}"
             out[key] = out.get(key, 0) + 1
     return dict(sorted(out.items(), key=lambda kv: -kv[1])[:keep])
 

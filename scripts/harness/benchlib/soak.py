@@ -208,7 +208,7 @@ class Observer:
         names = ("netclaim_events_spooled_total", 'netclaim_events_received_total{op="ADD"}',
                  'netclaim_events_acked_total{op="ADD"}', "netclaim_events_failed_total",
                  "netclaim_spool_overflow_events_total")
-        gauges = ("netclaim_credential_reloads", "netclaim_api_unauthorized_consecutive")
+        gauges = ("netclaim_credential_reloads_total", "netclaim_api_unauthorized_consecutive")
         try:
             import urllib.request
 

@@ -321,7 +321,7 @@ class PluginLog:
                 line = json.loads(raw)
             except ValueError:
                 continue
-            if line.get("event") == "ADD done":
+            if line.get("msg") == "ADD done":
                 self.adds.append({"after": self.previous_read, "read": now, "handoff": line.get("handoff"),
                                   "pod": line.get("pod"), "containerID": str(line.get("containerID", ""))[:12]})
         self.previous_read = now

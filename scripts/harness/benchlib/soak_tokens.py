@@ -215,7 +215,7 @@ def keeper_lines(path: Path) -> list[KeeperLine]:
         except (ValueError, KeyError, TypeError):
             continue
         text = json.dumps(rec)[:300]
-        if rec.get("event") == "credentials reloaded":
+        if rec.get("msg") == "credentials reloaded":
             out.append(KeeperLine(t, "reloaded", text))
         elif "401" in text or "Unauthorized" in text or "unauthorized" in text:
             out.append(KeeperLine(t, "refused", text))
@@ -245,7 +245,7 @@ def rotation_verdict(rotations: list[Rotation], scrapes: list[CredScrape], shown
     - a claimed pod whose sandbox was created after the rotation is shown by its claim (`shown`: sandbox id ->
       (created, first shown)), i.e. the publisher resolved and applied with the new token;
     - the publisher process that ran at the rotation, if it still ran after that claim was shown, counted a
-      credential reload (netclaim_credential_reloads) after the rotation;
+      credential reload (netclaim_credential_reloads_total) after the rotation;
     - after an API server restart (every watch lists again), the keeper reloaded its credentials;
     - neither was refused (401) for more than REFUSED_FOR seconds at any time: the publisher's
       netclaim_api_unauthorized_consecutive > 0 over consecutive scrapes, the keeper's refusals in its log.
