@@ -300,7 +300,10 @@ def test_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_when_set() -> N
 @pytest.mark.parametrize("bad", ["cni.confdir=/etc/cni/net.d", "resources.publisher.limit.cpu=1", "typo=1",
                                  "updateStrategy.maxUnavailable=0", "failurePolicy=ignore",
                                  # uninstall empties the log's directory: never a shared one
-                                 "cni.pluginLogFile=/var/log/plugin.log", "apf.priorityLevel.queue=3"])
+                                 "cni.pluginLogFile=/var/log/plugin.log", "apf.priorityLevel.queue=3",
+                                 # a digest must be one; an option must look like one
+                                 "image.digest=latest", "image.digest=sha256:abc",
+                                 "publisher.extraArgs[0]=workers=8"])
 def test_a_typo_or_bad_value_is_refused(bad: str) -> None:
     for verb in ("template", "lint"):
         args = [verb, *(["x"] if verb == "template" else []), str(CHART), "--kube-version", kube_version(),
@@ -405,6 +408,26 @@ def test_extra_env_reaches_the_publisher_and_the_chain_keeper_after_the_site_set
         assert env[-1] == {"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"}, name
     for name, container in containers(render()).items():
         assert all(e["name"] != "HTTPS_PROXY" for e in container.get("env", [])), name
+
+
+def test_a_pinned_digest_and_a_registry_name_the_image_every_container_pulls() -> None:
+    digest = "sha256:" + "ab" * 32
+    for sets, image in [((), "netclaim:0.1.0"),
+                        (("image.registry=registry.example.com:5000/platform",), "registry.example.com:5000/platform/netclaim:0.1.0"),
+                        (("image.registry=registry.example.com", f"image.digest={digest}", "image.tag=ignored"),
+                         f"registry.example.com/netclaim@{digest}")]:
+        docs = render(*sets)
+        assert {c["image"] for c in containers(docs).values()} == {image}, sets
+
+
+def test_extra_args_reach_each_container_after_the_charts_own() -> None:
+    docs = render("publisher.extraArgs[0]=--workers=8", "publisher.extraArgs[1]=--claim-window=90",
+                  "chainKeeper.extraArgs[0]=--log-level=debug")
+    found = containers(docs)
+    assert found["publisher"]["args"][-2:] == ["--workers=8", "--claim-window=90"]
+    assert found["chain-keeper"]["args"][-1] == "--log-level=debug"
+    default = containers(render())
+    assert not any(a.startswith("--workers") for a in default["publisher"]["args"])
 
 
 def test_a_surge_rollout_renders_and_impossible_strategies_are_refused() -> None:

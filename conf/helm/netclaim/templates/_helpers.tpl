@@ -29,8 +29,15 @@
 {{- toJson $names -}}
 {{- end -}}
 
+{{- /* registry/repository@digest when a digest is given (what a release pins), else repository:tag. */ -}}
 {{- define "netclaim.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- $repo := .Values.image.repository -}}
+{{- with .Values.image.registry }}{{ $repo = printf "%s/%s" . $repo }}{{ end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repo .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "netclaim.selectorLabels" -}}
