@@ -190,7 +190,10 @@ def test_idle_publisher_makes_no_request_per_claim(cluster: Cluster, publisher, 
     server_mid = apiserver_claim_requests(control_plane)
     # (a watch is counted by the server when it ends: the windows are still open here)
     applies = server_mid.get("APPLY", 0) - server_before.get("APPLY", 0)
-    assert applies == IDLE_CLAIMS == purpose(publisher, "apply"), (server_before, server_mid)
+    # One apply per claim; under load an apply whose answer came late is sent again (the server
+    # then counts both), so the server's count lies between the claims and what the publisher sent.
+    assert IDLE_CLAIMS <= applies <= purpose(publisher, "apply"), (server_before, server_mid,
+                                                                   purpose(publisher, "apply"))
     assert publisher.status()["claims_total"] == IDLE_CLAIMS
     idle_from = time.monotonic()
     while time.monotonic() - started < OLD_RESYNC + 15:
