@@ -246,9 +246,6 @@ class Reconciler:
         # on this claim, left out until the claim's allocation or reservations change.
         self._quarantine: dict[str, tuple[str, str]] = {}
 
-    def _slice_facts(self, driver: str, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
-        return self.slices.facts(driver, keys)
-
     def forget_inactive(self, active: set[str]) -> None:
         """Bound memory: refusals of claims no attachment refers to any more are forgotten."""
         for key in [k for k in self._rejected if k not in active]:
@@ -286,7 +283,7 @@ class Reconciler:
                     return False
             gen = self.journal.dirty_gen(ns, name)  # a mark made after this read outlives the reconcile
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
-            desired = plan(claim, atts, self.node, self._pod_alive, self.order, self._slice_facts)
+            desired = plan(claim, atts, self.node, self._pod_alive, self.order, self.slices.facts)
             self.covered(key, claim, {a.device_key for a in desired.shown})
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):

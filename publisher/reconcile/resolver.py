@@ -253,14 +253,14 @@ def choose_device(
     DeviceIDNotAllocated) rather than guess.
     """
     chosen, how = _candidates(claim, event)
+    read = (lambda: slice_facts([_key(r) for r in chosen])) if slice_facts else dict
     facts: dict[tuple[str, str], DeviceFacts] | None = None
     if event.device_id and chosen:
-        facts = slice_facts([_key(r) for r in chosen]) if slice_facts else {}
+        facts = read()
         chosen = _by_device_id(chosen, event, how, facts)
     if len(chosen) <= 1:
         return chosen[0] if chosen else None
-    if facts is None:
-        facts = slice_facts([_key(r) for r in chosen]) if slice_facts else {}
+    facts = read() if facts is None else facts
     named = [r for r in chosen if (facts.get(_key(r)) or DeviceFacts()).interface == event.ifname]
     if len(named) == 1:
         return named[0]

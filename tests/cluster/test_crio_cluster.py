@@ -106,17 +106,22 @@ def crio_ns(crio_cluster: RealCluster) -> Iterator[str]:
 
 # ---------------------------------------------------------------- helpers (CRI-O's view, netclaim's logs)
 
-def plugin_calls(cluster: RealCluster, sandbox: str) -> list[dict[str, Any]]:
-    """netclaim's plugin log records about one sandbox, in order."""
+def log_records(path: str, key: str, value: str) -> list[dict[str, Any]]:
+    """The JSON log records of `path` whose `key` is `value`, in order."""
     out = []
-    for line in Path(cluster.values["NETCLAIM_PLUGIN_LOG"]).read_text().splitlines():
+    for line in Path(path).read_text().splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if rec.get("containerID") == sandbox:
+        if rec.get(key) == value:
             out.append(rec)
     return out
+
+
+def plugin_calls(cluster: RealCluster, sandbox: str) -> list[dict[str, Any]]:
+    """netclaim's plugin log records about one sandbox, in order."""
+    return log_records(cluster.values["NETCLAIM_PLUGIN_LOG"], "containerID", sandbox)
 
 
 def message(rec: dict[str, Any]) -> str:
@@ -149,15 +154,7 @@ def quiescent(cluster: RealCluster) -> None:
 
 def publisher_said(cluster: RealCluster, claim: str) -> list[dict[str, Any]]:
     """The publisher's log records about one claim ("ns/name"), in order."""
-    out = []
-    for line in Path(cluster.values["NETCLAIM_PUBLISHER_LOG"]).read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("claim") == claim:
-            out.append(rec)
-    return out
+    return log_records(cluster.values["NETCLAIM_PUBLISHER_LOG"], "claim", claim)
 
 
 ACKED_CHECKS = 'netclaim_events_acked_total{op="CHECK"}'

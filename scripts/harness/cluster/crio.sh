@@ -226,18 +226,9 @@ crio_hostport_state() { # which of CRI-O's host-port chains and tables exist now
     return 0
 }
 
-other_crio() { # another CRI-O runs on this host (host-wide chains and caches it may use must stay)
-    local p exe
-    for p in /proc/[0-9]*; do
-        exe="$(readlink "$p/exe" 2>/dev/null || true)"
-        [[ "$(basename "$exe")" == crio* ]] && return 0
-    done
-    return 1
-}
-
 crio_down_host() { # what CRI-O and copyimg left outside $DIR, when this cluster made it
     [[ "${RUNTIME:-containerd}" == crio ]] || return 0
-    other_crio && return 0
+    running_on_host crio && return 0  # another CRI-O: host-wide chains and caches it may use must stay
     local s tool table chain
     for s in $(crio_hostport_state); do
         [[ " ${CRIO_HOSTPORT_STATE:-} " == *" $s "* ]] && continue

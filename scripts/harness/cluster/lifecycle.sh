@@ -102,11 +102,11 @@ unmount_under() { # every mount below DIR, deepest first
     return 0
 }
 
-other_kubelet() { # another kubelet runs on this host (its /var/lib/kubelet must stay)
+running_on_host() { # running_on_host NAME: a process whose executable's name starts with NAME runs here
     local p exe
     for p in /proc/[0-9]*; do
         exe="$(readlink "$p/exe" 2>/dev/null || true)"
-        [[ "$(basename "$exe")" == kubelet* ]] && return 0
+        [[ "$(basename "$exe")" == "$1"* ]] && return 0
     done
     return 1
 }
@@ -134,7 +134,7 @@ cmd_down_locked() {
         find /var/log/containers -maxdepth 1 -type l -lname "$DIR/*" -delete 2>/dev/null || true
         [[ "${VARLOG_CONTAINERS_CREATED:-0}" == 1 ]] && rmdir /var/log/containers 2>/dev/null || true
     fi
-    if [[ "${VARLIB_KUBELET_CREATED:-0}" == 1 ]] && ! other_kubelet; then rm -rf /var/lib/kubelet; fi
+    if [[ "${VARLIB_KUBELET_CREATED:-0}" == 1 ]] && ! running_on_host kubelet; then rm -rf /var/lib/kubelet; fi
     rm -rf "$DIR"
     log "down"
 }

@@ -282,7 +282,7 @@ cmd_down_nodes_locked() {
         find /var/log/containers -maxdepth 1 -type l -lname "$TOP/*" -delete 2>/dev/null || true
         [[ "${VARLOG_CONTAINERS_CREATED:-0}" == 1 ]] && rmdir /var/log/containers 2>/dev/null || true
     fi
-    if [[ "${VARLIB_KUBELET_CREATED:-0}" == 1 ]] && ! other_kubelet; then rm -rf /var/lib/kubelet; fi
+    if [[ "${VARLIB_KUBELET_CREATED:-0}" == 1 ]] && ! running_on_host kubelet; then rm -rf /var/lib/kubelet; fi
     release_cdi_dir
     rm -rf "$TOP"
     log "down"
