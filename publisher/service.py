@@ -361,8 +361,13 @@ class Service:
         # quiescent answer never carries a claim still shown as pending.
         counters = self._counters()
         claims = self.report.claims()
+        dirty = {f"{ns}/{name}" for ns, name, _ in self.journal.dirty_claims()} if counters["dirty_claims"] else set()
         for ns, name in self.journal.claims():
-            claims.setdefault(f"{ns}/{name}", {"state": "pending", "error": "", "devices": [], "updated": None})
+            key = f"{ns}/{name}"
+            # Not told since this process started: a claim an earlier run applied (its body's hash
+            # is journaled) and nothing changed since is published, not waiting for anything.
+            state = "published" if key not in dirty and self.writer.last_digest(key) is not None else "pending"
+            claims.setdefault(key, {"state": state, "error": "", "devices": [], "updated": None})
         total = len(claims)
         if total > limits.STATUS_MAX_CLAIMS:  # keep the answer well inside one frame: errors first
             keys = sorted(claims, key=lambda k: (claims[k]["state"] == "published", k))[: limits.STATUS_MAX_CLAIMS]

@@ -162,3 +162,25 @@ def test_each_interface_stays_on_the_device_with_its_id_under_random_orderings(c
     run_state_machine_as_test(machine_for(cluster, publisher_factory, workdir), settings=settings(
         max_examples=EXAMPLES, stateful_step_count=8, deadline=None, derandomize=True, database=None,
         print_blob=True, phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck)))
+
+
+@pytest.mark.controlplane
+def test_a_claim_published_before_publisher_restarts_is_shown_published_not_pending(cluster: Cluster,
+                                                                                     publisher_factory,
+                                                                                     workdir) -> None:
+    """Found by the model (60 examples): after restarts that came once its apply was done, the
+    claim was listed as `pending` by a quiescent publisher that had nothing left to do for it."""
+    node = Node(cluster, publisher_factory, workdir)
+    try:
+        node.publisher.kill()
+        node.publisher.start()
+        node.cni("ADD", "net1", "socket")
+        node.live.add("net1")
+        node.settle()
+        for _ in range(3):
+            node.publisher.kill()
+            node.publisher.start()
+        node.settle()  # drained(): quiescent, and no claim shown as pending
+        assert node.publisher.status()["claims"][f"{cluster.namespace}/{node.claim}"]["state"] == "published"
+    finally:
+        node.cleanup()
