@@ -14,7 +14,9 @@ the one-second creationTimestamp, so it cannot be attributed per sample; its
 observation count is reported. The node's conflist is switched between the primary chain and
 the same chain with netclaim appended (as scripts/install.sh wrote it) before
 each sample, in ABBA order, so noise hits both alike. The figure is the ratio
-of the medians (target <= 1.05). The netclaim samples also give ADD-to-visible
+of the medians (target <= 1.02: a single-network pod pays for one netclaim ADD;
+the several-network and burst figures allow 1.05). The median of the per-round differences
+(netclaim minus plain within one ABBA round) is reported beside it. The netclaim samples also give ADD-to-visible
 in the real cluster: netclaim's first log line for the sandbox to a watch on
 the claim seeing the Ready entry.
 """
@@ -36,7 +38,11 @@ from runtime.observe import ClaimWatcher, plugin_add_time  # noqa: E402
 from runtime.realcluster import RealCluster, pod_manifest, wait_until  # noqa: E402
 
 from . import cluster_burst, cluster_multi
-from .cluster_common import NAMESPACE, SLI_PROPER, TARGET_RATIO, Chains, ReadyWatch, progress, sli_sum, summary
+from .cluster_common import NAMESPACE, SLI_PROPER, Chains, ReadyWatch, progress, sli_sum, summary
+
+# One netclaim ADD in a single-network pod's start; bursts and several networks allow 1.05.
+TARGET_RATIO_SINGLE = 1.02
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=12, help="measured rounds (one pod per chain each)")
@@ -129,6 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plain, nc = rounds.ms["plain"], rounds.ms["netclaim"]
     sli_plain, sli_nc = rounds.sli_ms["plain"], rounds.sli_ms["netclaim"]
     ratio = statistics.median(nc) / statistics.median(plain)
+    round_diff = statistics.median(b - a for a, b in zip(plain, nc))
     sli_ratio = statistics.median(sli_nc) / statistics.median(sli_plain)
     figures = {
         "cluster_up_s": round(up_s, 1),
@@ -137,7 +144,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "kubelet_pod_start_sli_observations": sli_count,
         "ratio_create_to_ready_median": round(ratio, 3),
         "ratio_kubelet_start_median": round(sli_ratio, 3),
-        "target_ratio": TARGET_RATIO,
+        "median_round_difference_ms": round(round_diff, 1),
+        "target_ratio": TARGET_RATIO_SINGLE,
         "add_to_visible_ms": summary(rounds.add_to_visible_ms) if rounds.add_to_visible_ms else {},
         "samples": {"plain_ms": [round(v, 1) for v in plain], "netclaim_ms": [round(v, 1) for v in nc],
                     "sli_plain_ms": [round(v, 1) for v in sli_plain], "sli_netclaim_ms": [round(v, 1) for v in sli_nc],
