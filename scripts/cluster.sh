@@ -5,7 +5,9 @@
 # scripts/build/components.sh.
 #
 #   scripts/cluster.sh up                  start everything (no-op when up); the node's CNI chain is the
-#                                          primary network only (bridge + host-local), netclaim NOT installed
+#                                          primary network only (bridge + host-local), netclaim NOT installed;
+#                                          the kubelet serves logs/exec/port-forward and the node proxy on the
+#                                          node IP (NETCLAIM_NODE_IP) with a certificate of the cluster's CA
 #       [--networks N]                     N conflists, pods get eth0..eth<N-1> (containerd's max_conf_num;
 #                                          harness/cluster/networks.sh); default 1
 #       [--dual-stack]                     the primary network has an IPv4 and an IPv6 range

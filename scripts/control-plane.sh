@@ -21,7 +21,7 @@
 #                               kube-controller-manager's serviceaccount controller to run)
 # kube-apiserver reaches kubelets (logs, exec, port-forward) on their InternalIP with the client
 # certificate pki/kubelet-client.crt (user kube-apiserver-kubelet-client) and verifies their serving
-# certificates against pki/ca.crt (which signs them: scripts/cluster.sh up --nodes N).
+# certificates against pki/ca.crt (which signs them: scripts/cluster.sh up, and up --nodes N).
 # Identities for kube-scheduler and kube-controller-manager (system:kube-scheduler,
 # system:kube-controller-manager, bound by the bootstrap RBAC roles) always exist, with kubeconfigs
 # scheduler.kubeconfig and controller-manager.kubeconfig.

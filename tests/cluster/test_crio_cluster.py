@@ -13,7 +13,8 @@ containerd one of conftest.py, and lives for this module only (it goes down afte
 NETCLAIM_CLUSTER_KEEP=1 keeps the one started here. If any part cannot start, every test here FAILS with
 the reason. The last test makes Multus (thin plugin, `cluster.sh multus-up`) the node's primary CNI on the
 same cluster and runs one pod on three networks.
-Measured here (2 cores, binaries cached): ~45 s for the module, of which `up` ~14 s and `down` ~12 s.
+Measured here (2 cores, binaries and the netclaim image cached): ~80 s for the module, of which `up` ~18 s,
+`down` ~13 s and the kubectl test ~19 s (most of it importing the netclaim image into CRI-O).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 from runtime import multinet
 from runtime.realcluster import (ClusterError, RealCluster, cluster_sh, entries_of, parse_env, pod_manifest,
                                  ready_status, wait_until)
+from test_kubectl_reaches_the_node import import_app_image, kubectl_reaches_the_node
 from test_multi_network import netclaim_warnings, publisher_metric
 from test_multus import BRIDGE2, MACVLAN, expected_of, settled
 from test_real_cluster import assert_entry_is_the_pods, entry_gone
@@ -324,6 +326,13 @@ def test_crio_restart_gc_and_check_keep_the_live_entry(crio_cluster: RealCluster
     assert len(mine) == 1 and ready_condition(mine[0]) == ready_condition(entry), mine
     assert mine[0]["networkData"] == entry["networkData"]
     assert crio_cluster.interface(crio_ns, "kept").cidrs == entry["networkData"]["ips"]
+
+
+def test_kubectl_logs_exec_port_forward_and_the_node_proxy_reach_the_crio_node(crio_cluster: RealCluster,
+                                                                               crio_ns: str) -> None:
+    """The kubelet serves on the node IP with the CA's certificate whatever the runtime; exec and port-forward
+    go on to CRI-O's streaming server, which the kubelet reaches on 127.0.0.1."""
+    kubectl_reaches_the_node(crio_cluster, crio_ns, import_app_image(crio_cluster))
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+free_port() { # free_port [ADDRESS]: a TCP port free on ADDRESS (default 127.0.0.1)
+    python3 -c 'import socket, sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "${1:-127.0.0.1}"
 }
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 load_state() { [[ -f "$STATE" || -L "$STATE" ]] || die "no cluster in $DIR (run: $0 up)"; state_source "$STATE"; }

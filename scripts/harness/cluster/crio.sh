@@ -134,6 +134,7 @@ clean_shutdown_file = $(q "$o/clean.shutdown")
 
 [crio.api]
 listen = $(q "$o/crio.sock")
+# exec, attach and port-forward: the kubelet proxies each stream to this server itself, so loopback is enough
 stream_address = "127.0.0.1"
 stream_port = "0"
 
@@ -264,16 +265,17 @@ try:
 except (OSError, tarfile.TarError) as exc:
     sys.exit(f"{path}: not an image archive ({exc.__class__.__name__})")
 with tar:
-    names = tar.getnames()
+    # a member by its name in the layout: `tar -C DIR -cf FILE .` (scripts/build-image.sh) stores ./index.json
+    names = {n[2:] if n.startswith("./") else n: n for n in tar.getnames()}
     if "index.json" in names:
-        manifests = json.load(tar.extractfile("index.json")).get("manifests") or []
+        manifests = json.load(tar.extractfile(names["index.json"])).get("manifests") or []
         for i, m in enumerate(manifests):
             ann = m.get("annotations") or {}
             # oci-archive:FILE[:REF] picks one manifest of the index (by its ref name, or @INDEX)
             ref = "" if len(manifests) == 1 else ":" + (ann.get("org.opencontainers.image.ref.name") or f"@{i}")
             print(f"oci-archive:{path}{ref}", ann.get("io.containerd.image.name") or "-")
     elif "manifest.json" in names:
-        for i, m in enumerate(json.load(tar.extractfile("manifest.json"))):
+        for i, m in enumerate(json.load(tar.extractfile(names["manifest.json"]))):
             for tag in m.get("RepoTags") or ["-"]:
                 print(f"docker-archive:{path}:@{i}", tag)
     else:

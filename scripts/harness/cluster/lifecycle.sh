@@ -24,6 +24,9 @@ cmd_up() { # cmd_up [--with-dranet]
         networks_match
         runtime_match
         node_untainted || die "cluster in $DIR runs but node $NODE is not Ready (see $DIR/*.log)"
+        # A cluster an older cluster.sh started: its kubelet serves on 127.0.0.1, out of kube-apiserver's reach.
+        kubelet_serves_node_ip || die "the kubelet in $DIR serves on 127.0.0.1 only (an older cluster.sh started it):" \
+            "kubectl logs/exec/port-forward cannot reach it; run: $0 down, then up"
         if ((want_dranet)); then
             [[ "${WITH_DRANET:-0}" == 1 ]] || die "cluster in $DIR runs without NRI: take it down, then up --with-dranet"
             start_dranet
@@ -40,7 +43,7 @@ cmd_up() { # cmd_up [--with-dranet]
     [[ -n "$NODE_IP" ]] || die "no default route: cannot choose the kubelet's --node-ip"
     pick_subnet
     pick_network_subnets
-    KUBELET_PORT="$(free_port)"
+    KUBELET_PORT="$(free_port "$NODE_IP")"
     KUBELET_HEALTHZ_PORT="$(free_port)"
     VARLIB_KUBELET_CREATED=0; [[ -e /var/lib/kubelet ]] || VARLIB_KUBELET_CREATED=1
     VARLOG_CONTAINERS_CREATED=0; [[ -e /var/log/containers ]] || VARLOG_CONTAINERS_CREATED=1
@@ -62,6 +65,7 @@ cmd_up() { # cmd_up [--with-dranet]
     "$HERE/control-plane.sh" up >/dev/null
     state_source "$CP_DIR/ports.env"
     save_var APISERVER_PORT
+    kubelet_api_rbac
     start_kcm
     start_scheduler
 
@@ -71,6 +75,7 @@ cmd_up() { # cmd_up [--with-dranet]
     import_image "$("$PY" "$HERE/harness/runtime/clusterctl.py" pause-image "$DIR/img")"
 
     mkdir -p "$KROOT" "$DIR/pod-logs"
+    kubelet_cert
     kubelet_config >"$DIR/kubelet.yaml"
     start_kubelet
     start_driver
@@ -153,7 +158,7 @@ cmd_env() {
     printf 'export NETCLAIM_CP_DIR=%q\n' "$CP_DIR"
     printf 'export KUBECONFIG=%q\n' "$CP_DIR/admin.kubeconfig"
     printf 'export CONTAINER_RUNTIME_ENDPOINT=%q\n' "unix://$(runtime_socket)"
-    for v in NODE DRIVER DEVICE_CLASS SANDBOX_IMAGE SUBNET BRIDGE CONFLIST CNI_BIN CNI_CONF CDI_DIR \
+    for v in NODE NODE_IP DRIVER DEVICE_CLASS SANDBOX_IMAGE SUBNET BRIDGE CONFLIST CNI_BIN CNI_CONF CDI_DIR \
              KUBECTL CTR CRICTL DRA_DRIVER KUBELET_PORT KUBELET_ROOT; do
         printf 'export NETCLAIM_%s=%q\n' "$v" "${!v}"
     done

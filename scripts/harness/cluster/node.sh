@@ -55,6 +55,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     max_conf_num = $NETWORKS
 
 [plugins.'io.containerd.grpc.v1.cri']
+  # exec, attach and port-forward: the kubelet proxies each stream to this server itself, so loopback is enough
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 EOF
@@ -160,6 +161,40 @@ import_image() { # import_image FILE
 
 # ------------------------------------------------------------------ kubelet
 
+# The kubelet serves its API (logs, exec, port-forward, the node proxy, /metrics) where kube-apiserver
+# looks for it: the Node's InternalIP (--node-ip), port $KUBELET_PORT, with a serving certificate the
+# cluster CA signed for that IP and the node's name (kube-apiserver --kubelet-certificate-authority
+# verifies it). kube-apiserver calls it with its client certificate (user kube-apiserver-kubelet-client,
+# the kubelet's x509 client CA) and is allowed the kubelet API by kubelet_api_rbac; every other caller
+# with a token the kubelet's webhook checks. /healthz alone stays on 127.0.0.1 (healthzPort).
+
+kubelet_cert() { # the kubelet's serving certificate and key under $DIR/pki, signed by the cluster CA
+    local pki="$DIR/pki"
+    mkdir -p "$pki" && chmod 700 "$pki"
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=system:node:$NODE/O=system:nodes" \
+        -keyout "$pki/kubelet.key" -out "$pki/kubelet.csr" 2>/dev/null
+    printf 'subjectAltName=IP:%s,DNS:%s\nextendedKeyUsage=serverAuth\n' "$NODE_IP" "$NODE" >"$pki/kubelet.ext"
+    openssl x509 -req -in "$pki/kubelet.csr" -CA "$CP_DIR/pki/ca.crt" -CAkey "$CP_DIR/pki/ca.key" \
+        -CAcreateserial -days 3650 -extfile "$pki/kubelet.ext" -out "$pki/kubelet.crt" 2>/dev/null
+    chmod 600 "$pki/kubelet.key"
+}
+
+kubelet_api_rbac() { # kube-apiserver's kubelet client user may use every kubelet's API
+    kc apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: netclaim-kube-apiserver-kubelet-client}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: 'system:kubelet-api-admin'}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserver-kubelet-client}
+EOF
+}
+
+kubelet_serves_node_ip() { # kubelet.yaml is of the shape above (an older cluster.sh's kubelet served on 127.0.0.1)
+    grep -qxF "address: $NODE_IP" "$DIR/kubelet.yaml" \
+        && grep -qxF "tlsCertFile: $DIR/pki/kubelet.crt" "$DIR/kubelet.yaml"
+}
+
 kubelet_config() {
     cat <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -170,8 +205,10 @@ cgroupRoot: /$CGROOT
 cgroupsPerQOS: true
 failSwapOn: false
 containerRuntimeEndpoint: unix://$(runtime_socket)
-address: 127.0.0.1
+address: $NODE_IP
 port: $KUBELET_PORT
+tlsCertFile: $DIR/pki/kubelet.crt
+tlsPrivateKeyFile: $DIR/pki/kubelet.key
 healthzBindAddress: 127.0.0.1
 healthzPort: $KUBELET_HEALTHZ_PORT
 readOnlyPort: 0
@@ -180,6 +217,7 @@ oomScoreAdj: 0
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
+  x509: {clientCAFile: $CP_DIR/pki/ca.crt}
 authorization:
   mode: Webhook
 evictionHard:

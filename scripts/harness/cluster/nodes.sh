@@ -101,38 +101,13 @@ release_cdi_dir() { # after this cluster's node processes are gone
     rmdir "$CDI_NODE_DIR" 2>/dev/null || true
 }
 
-node_cert() { # the kubelet's serving certificate, signed by the cluster CA for its node IP and name
-    local pki="$DIR/pki"
-    mkdir -p "$pki" && chmod 700 "$pki"
-    openssl req -newkey rsa:2048 -nodes -subj "/CN=system:node:$NODE/O=system:nodes" \
-        -keyout "$pki/kubelet.key" -out "$pki/kubelet.csr" 2>/dev/null
-    printf 'subjectAltName=IP:%s,DNS:%s\nextendedKeyUsage=serverAuth\n' "$NODE_IP" "$NODE" >"$pki/kubelet.ext"
-    openssl x509 -req -in "$pki/kubelet.csr" -CA "$CP_DIR/pki/ca.crt" -CAkey "$CP_DIR/pki/ca.key" \
-        -CAcreateserial -days 3650 -extfile "$pki/kubelet.ext" -out "$pki/kubelet.crt" 2>/dev/null
-    chmod 600 "$pki/kubelet.key"
-}
-
-node_kubelet_config() { # the single node's config, serving on the node IP with the certificate above
-    kubelet_config | sed -e "s|^address: 127.0.0.1\$|address: $NODE_IP|" \
-        -e "s|^authentication:\$|authentication:\n  x509: {clientCAFile: $CP_DIR/pki/ca.crt}|"
+node_kubelet_config() { # the single node's config (node.sh: serving on the node IP), with short leases
+    kubelet_config
     cat <<EOF
-tlsCertFile: $DIR/pki/kubelet.crt
-tlsPrivateKeyFile: $DIR/pki/kubelet.key
 # Heartbeats every 2 s (a quarter of the lease): the controller-manager declares a node lost after
 # $NODE_GRACE (--node-monitor-grace-period), so node-loss tests take seconds, not minutes.
 nodeLeaseDurationSeconds: 8
 nodeStatusUpdateFrequency: 2s
-EOF
-}
-
-kubelet_api_rbac() { # kube-apiserver's kubelet client user may use every kubelet's API
-    kc apply -f - >/dev/null <<EOF
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: netclaim-kube-apiserver-kubelet-client}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: 'system:kubelet-api-admin'}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserver-kubelet-client}
 EOF
 }
 
@@ -143,7 +118,7 @@ node_up() { # node_up I: containerd, the kubelet and the DRA driver of one node 
     mkdir -p "$DIR" "$DIR/cdi" "$KROOT" "$DIR/pod-logs"
     cp "$TOP/sysctl.saved" "$DIR/sysctl.saved"
     make_cgroups
-    node_cert
+    kubelet_cert
     prepare_cni
     start_containerd
     import_image "$PAUSE_ARCHIVE" 2>/dev/null

@@ -229,11 +229,13 @@ class RealCluster:
         return Interface(link["ifname"], link.get("address", "").lower(), cidrs)
 
     def kubelet_metrics(self) -> str:
-        """The kubelet's /metrics, read on its port with the admin token (webhook authn + authz)."""
+        """The kubelet's /metrics, read where it serves (the node IP) with the admin token (webhook authn +
+        authz), its certificate verified against the cluster CA."""
         token = yaml.safe_load(Path(self.kubeconfig).read_text())["users"][0]["user"]["token"]
-        url = f"https://127.0.0.1:{self.values['NETCLAIM_KUBELET_PORT']}/metrics"
-        proc = subprocess.run(["curl", "-fsSk", "--config", "-", url], input=f'header = "Authorization: Bearer {token}"\n',
-                              capture_output=True, text=True, timeout=30)
+        url = f"https://{self.values['NETCLAIM_NODE_IP']}:{self.values['NETCLAIM_KUBELET_PORT']}/metrics"
+        proc = subprocess.run(["curl", "-fsS", "--cacert", self.values["NETCLAIM_APISERVER_CA"], "--config", "-", url],
+                              input=f'header = "Authorization: Bearer {token}"\n', capture_output=True, text=True,
+                              timeout=30)
         if proc.returncode != 0:
             raise ClusterError(f"kubelet metrics: {proc.stderr.strip()}")
         return proc.stdout
