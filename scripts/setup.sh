@@ -26,6 +26,7 @@ APT_PACKAGES=(
     openssl curl                  # the control plane's certificates and readiness probe
     util-linux mount              # nsenter, setsid, flock, umount: the real cluster's node side
     prometheus                    # its promtool unit-tests the chart's alerts (tests/deploy/test_monitoring.py)
+    graphviz fonts-dejavu-core    # dot renders docs/diagrams/*.dot in DejaVu Sans (scripts/build/diagrams.sh, tests/deploy/test_docs.py)
 )
 
 # shellcheck source=build/apt.sh

@@ -1,0 +1,452 @@
+"""The user docs say what the code does: every command they show exists, every diagram is the
+rendering of its source and is shown, the version and skew policy matches the chart, the wire
+format and the journal's migrations, and no internal history leaks into them.
+
+Commands are taken from the fenced code blocks of README.md and docs/*.md, the way a reader
+would paste them: `netclaim-publisher SUB --flag ...` must be a subcommand whose `--help` lists
+each flag; `netclaim --flag` must be a flag of the plugin's manual; `scripts/....sh SUB --flag`
+must be a script whose usage (the header `--help` prints, or its usage line) names the
+subcommand and each flag; `scripts/bench.py SUITE --flag` must be a suite whose `--help` lists
+each flag.
+"""
+
+from __future__ import annotations
+
+import configparser
+import functools
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chartlib import CHART, kube_version
+from deploylib import REPO, netclaim_publisher_bin, python_env
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DIAGRAMS = REPO / "docs" / "diagrams"
+INSTALL_MD = REPO / "docs" / "install.md"
+
+
+# ---------------------------------------------------------------- markdown helpers
+
+
+def fenced_blocks(text: str) -> list[str]:
+    """The contents of the ``` fenced blocks of a markdown text."""
+    return re.findall(r"^ *```[^\n]*\n(.*?)^ *```", text, re.M | re.S)
+
+
+def section(text: str, heading: str) -> str:
+    """The body of the section whose heading line is `heading`, up to the next heading of its level or above."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text.splitlines()
+    start = lines.index(heading)
+    body = []
+    for line in lines[start + 1:]:
+        m = re.match(r"^(#+) ", line)
+        if m and len(m.group(1)) <= level:
+            break
+        body.append(line)
+    return "\n".join(body)
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every markdown table row in `text` (separator rows left out)."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("|") and not re.match(r"^\|[\s|:-]+\|?\s*$", line):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+# ---------------------------------------------------------------- commands shown in the docs
+
+COMMAND_WORDS = ("netclaim-publisher", "netclaim")
+SCRIPT = re.compile(r"^(?:\./)?(scripts/(?:[\w-]+/)*[\w-]+\.sh|scripts/bench\.py)$")
+# What separates one simple command from the next on a shell line.
+SEPARATORS = re.compile(r"&&|\|\||[;|`]|\$\(|\(|\)")
+
+
+def logical_lines(block: str) -> list[str]:
+    """Lines of a code block with `\\` continuations joined and comments removed."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    out = []
+    for line in joined.splitlines():
+        out.append(re.split(r"(?:^|\s)#", line, maxsplit=1)[0])
+    return out
+
+
+def words(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError:  # an unbalanced quote in a line cut by a separator
+        return text.replace('"', " ").replace("'", " ").split()
+
+
+def command_of(simple: str) -> tuple[str, list[str]] | None:
+    """(program, arguments) when this simple command runs netclaim-publisher, netclaim or a script."""
+    toks = words(simple)
+    if "--" in toks and toks[:1] == ["kubectl"]:  # kubectl exec POD -- COMMAND
+        toks = toks[toks.index("--") + 1:]
+    while toks and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", toks[0]) or toks[0] in ("sudo", "exec", "time", "env")):
+        toks = toks[1:]
+    if not toks:
+        return None
+    head = toks[0]
+    if SCRIPT.match(head):
+        return SCRIPT.match(head).group(1), toks[1:]
+    if Path(head).name in COMMAND_WORDS and (head in COMMAND_WORDS or head.startswith(("/", "."))):
+        return Path(head).name, toks[1:]
+    return None
+
+
+@functools.cache
+def documented_commands() -> list[tuple[str, str, str, list[str]]]:
+    """(doc, line, program, arguments) for every command line in a fenced block of the docs."""
+    found = []
+    for doc in DOCS:
+        for block in fenced_blocks(doc.read_text()):
+            for line in logical_lines(block):
+                for simple in SEPARATORS.split(line):
+                    cmd = command_of(simple.strip())
+                    if cmd is not None:
+                        found.append((doc.relative_to(REPO).as_posix(), line.strip(), *cmd))
+    return found
+
+
+def flags_in(args: list[str]) -> list[str]:
+    """The options among `args` (`--name`, `--name=value`, `[--name]`, `-o`), without their values."""
+    out = []
+    for arg in args:
+        for m in re.finditer(r"(?:^|[\[|(])(--?[A-Za-z][A-Za-z0-9-]*)", arg):
+            out.append(m.group(1))
+    return out
+
+
+def first_word(args: list[str]) -> str | None:
+    """The subcommand: the first argument, when it is a plain lower-case word (not a placeholder or value)."""
+    for arg in args:
+        arg = arg.strip("[]")
+        if arg.startswith("-"):
+            return None
+        return arg if re.fullmatch(r"[a-z][a-z0-9-]*", arg) else None
+    return None
+
+
+@functools.cache
+def publisher_help(sub: str) -> tuple[int, str]:
+    argv = [str(netclaim_publisher_bin()), *([sub] if sub else []), "--help"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=python_env(), timeout=60)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@functools.cache
+def plugin_manual() -> str:
+    plugin = netclaim_publisher_bin().parent / "netclaim"
+    proc = subprocess.run([str(plugin), "--help"], capture_output=True, text=True, env=python_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout + proc.stderr
+
+
+@functools.cache
+def bench_help(suite: str) -> tuple[int, str]:
+    """`scripts/bench.py [SUITE] --help` (argparse: it only prints, it runs nothing)."""
+    argv = [str(REPO / ".venv" / "bin" / "python"), str(REPO / "scripts" / "bench.py"), *([suite] if suite else []),
+            "--help"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=python_env(), timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@functools.cache
+def script_usage(script: str) -> str | None:
+    """What a script says about its use: the header comment `--help` prints, and its usage lines."""
+    path = REPO / script
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    header = []
+    for line in text.splitlines()[1:]:
+        if line.startswith("set -euo"):
+            break
+        header.append(line)
+    usage = [line for line in text.splitlines() if "usage" in line.lower()]
+    return "\n".join(header + usage)
+
+
+def option_words(text: str) -> set[str]:
+    """The options a help text names (a word cut at a hyphen by line wrapping is no option)."""
+    return {w for w in re.findall(r"(?<![A-Za-z0-9])--?[A-Za-z][A-Za-z0-9-]*", text) if not w.endswith("-")}
+
+
+def problems_of(program: str, args: list[str]) -> list[str]:
+    """What a documented command names that does not exist."""
+    problems = []
+    if program == "netclaim-publisher":
+        sub = first_word(args) or ""
+        rc, text = publisher_help(sub)
+        if rc != 0:
+            return [f"no subcommand {sub!r} ({text.strip().splitlines()[-1] if text.strip() else rc})"]
+        known = option_words(text)
+        problems += [f"{flag} is not an option of `netclaim-publisher {sub}`".replace("  ", " ")
+                     for flag in flags_in(args) if flag not in known]
+    elif program == "netclaim":
+        known = option_words(plugin_manual())
+        problems += [f"{flag} is not an option of the plugin" for flag in flags_in(args) if flag not in known]
+    elif program == "scripts/bench.py":
+        suite = first_word(args) or ""
+        rc, text = bench_help(suite)
+        if rc != 0:
+            return [f"scripts/bench.py has no suite {suite!r}"]
+        known = option_words(text) | option_words(bench_help("")[1])  # the suite's options and --out
+        problems += [f"{flag} is not an option of `scripts/bench.py {suite}`" for flag in flags_in(args)
+                     if flag not in known]
+    else:
+        usage = script_usage(program)
+        if usage is None:
+            return [f"{program} does not exist"]
+        known = option_words(usage)
+        sub = first_word(args)
+        if sub is not None and not re.search(rf"(?<![\w-]){re.escape(sub)}(?![\w-])", usage):
+            problems.append(f"{program}'s usage does not name {sub!r}")
+        problems += [f"{program}'s usage does not name {flag}" for flag in flags_in(args) if flag not in known]
+    return problems
+
+
+def test_the_docs_show_commands_of_every_kind_the_test_checks() -> None:
+    programs = {program for _doc, _line, program, _args in documented_commands()}
+    assert {"netclaim-publisher", "scripts/install.sh", "scripts/cluster.sh", "scripts/build-image.sh",
+            "scripts/bench.py"} <= programs, programs
+
+
+def test_every_documented_command_names_a_subcommand_and_options_that_exist() -> None:
+    wrong = []
+    for doc, line, program, args in documented_commands():
+        wrong += [f"{doc}: `{line}`: {p}" for p in problems_of(program, args)]
+    assert not wrong, "documented commands that do not exist:\n" + "\n".join(sorted(set(wrong)))
+
+
+@pytest.mark.parametrize("program, args, problem", [
+    ("netclaim-publisher", ["nosuchcommand"], "no subcommand"),
+    ("netclaim-publisher", ["run", "--no-such-flag"], "--no-such-flag is not an option"),
+    ("scripts/install.sh", ["--no-such-flag"], "does not name --no-such-flag"),
+    ("scripts/cluster.sh", ["no-such-verb"], "does not name 'no-such-verb'"),
+    ("scripts/no-such-script.sh", [], "does not exist"),
+    ("scripts/bench.py", ["no-such-suite"], "has no suite"),
+    ("scripts/bench.py", ["scale", "--no-such-flag"], "--no-such-flag is not an option"),
+])
+def test_the_command_check_finds_a_command_that_does_not_exist(program: str, args: list[str], problem: str) -> None:
+    assert any(problem in p for p in problems_of(program, args)), problems_of(program, args)
+
+
+def test_commands_are_found_after_separators_prompts_and_kubectl_exec() -> None:
+    block = ("NS=x\nkubectl -n $NS exec POD -c publisher -- /opt/netclaim/venv/bin/netclaim-publisher status\n"
+             "eval \"$(NETCLAIM_CLUSTER_DIR=/tmp/c scripts/cluster.sh env)\"   # exports\n"
+             "systemctl daemon-reload && scripts/install.sh --conflist F \\\n    --request nic\n"
+             "ls -l /opt/cni/bin/netclaim\n")
+    found = [command_of(s.strip()) for line in logical_lines(block) for s in SEPARATORS.split(line)]
+    assert [c for c in found if c] == [
+        ("netclaim-publisher", ["status"]),
+        ("scripts/cluster.sh", ["env"]),
+        ("scripts/install.sh", ["--conflist", "F", "--request", "nic"]),
+    ]
+
+
+def test_the_run_options_table_of_the_publisher_reference_is_the_options_of_run() -> None:
+    """docs/publisher.md lists every option `netclaim-publisher run --help` shows, and no other."""
+    body = section((REPO / "docs" / "publisher.md").read_text(),
+                   "### `run` options (each also from an environment variable)")
+    documented = set()
+    for row in table_rows(body)[1:]:
+        documented |= set(re.findall(r"--[a-z][a-z0-9-]*", row[0]))
+    rc, text = publisher_help("run")
+    assert rc == 0, text
+    shown = {flag for flag in option_words(text) if flag.startswith("--")} - {"--help"}
+    assert documented == shown, {"documented, not an option": documented - shown,
+                                 "an option, not documented": shown - documented}
+
+
+# ---------------------------------------------------------------- diagrams
+
+
+def dot_sources() -> list[Path]:
+    return sorted(DIAGRAMS.glob("*.dot"))
+
+
+def render(source: Path) -> bytes:
+    """`dot -Tsvg` as scripts/build/diagrams.sh runs it: Graphviz's version comment left out."""
+    dot = shutil.which("dot")
+    assert dot, "dot (Graphviz) is not installed: scripts/setup.sh installs the Debian package graphviz"
+    proc = subprocess.run([dot, "-Tsvg", str(source)], capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    return re.sub(rb"<!-- Generated by graphviz version.*?-->\n", b"", proc.stdout, count=1, flags=re.S)
+
+
+def test_there_are_diagrams_and_each_source_has_its_svg_and_no_svg_lacks_a_source() -> None:
+    assert dot_sources(), "docs/diagrams/*.dot"
+    assert {p.stem for p in DIAGRAMS.glob("*.svg")} == {p.stem for p in dot_sources()}
+
+
+@pytest.mark.parametrize("source", dot_sources(), ids=lambda p: p.name)
+def test_each_committed_svg_is_the_rendering_of_its_dot_source(source: Path) -> None:
+    svg = source.with_suffix(".svg")
+    assert svg.read_bytes() == render(source), \
+        f"{svg.relative_to(REPO)} is stale: run scripts/build/diagrams.sh and commit the result"
+
+
+def test_rendering_a_diagram_twice_gives_the_same_bytes() -> None:
+    source = dot_sources()[0]
+    assert render(source) == render(source)
+
+
+@pytest.mark.parametrize("source", dot_sources(), ids=lambda p: p.name)
+def test_each_diagram_is_shown_by_a_doc(source: Path) -> None:
+    name = f"diagrams/{source.stem}.svg"
+    showing = [doc.name for doc in DOCS if re.search(rf"!\[[^\]]*\]\((?:docs/)?{re.escape(name)}\)", doc.read_text())]
+    assert showing, f"no doc shows {name} as an image"
+
+
+def test_the_diagram_check_tells_a_stale_svg(tmp_path: Path) -> None:
+    source = tmp_path / "x.dot"
+    source.write_text('digraph x { a -> b; }\n')
+    before = render(source)
+    source.write_text('digraph x { a -> c; }\n')
+    assert render(source) != before
+
+
+# ---------------------------------------------------------------- versions and skew (docs/install.md)
+
+
+def skew_section() -> str:
+    return section(INSTALL_MD.read_text(), "## Supported versions and skew")
+
+
+def kubernetes_rows() -> list[list[str]]:
+    body = section(skew_section(), "### Kubernetes versions")
+    return [row for row in table_rows(body) if re.fullmatch(r"\d+\.\d+", row[0])]
+
+
+def test_the_kubernetes_versions_table_starts_at_the_charts_kube_version_floor_without_gaps() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    floor = re.fullmatch(r">=\s*(\d+)\.(\d+)\.\d+(?:-0)?", chart["kubeVersion"].strip())
+    assert floor, chart["kubeVersion"]
+    minors = [tuple(int(x) for x in row[0].split(".")) for row in kubernetes_rows()]
+    assert minors[0] == (int(floor.group(1)), int(floor.group(2))), (minors, chart["kubeVersion"])
+    assert minors == [(minors[0][0], minors[0][1] + i) for i in range(len(minors))], minors
+
+
+def test_the_kubernetes_versions_table_says_which_version_is_tested_here_and_only_that_one() -> None:
+    built = kube_version().lstrip("v")  # e.g. 1.37.2
+    minor = ".".join(built.split(".")[:2])
+    rows = {row[0]: row for row in kubernetes_rows()}
+    assert minor in rows, (minor, list(rows))
+    assert built in rows[minor][-1], rows[minor]
+    untested = [row for version, row in rows.items() if version != minor]
+    assert all(row[-1].lower().startswith("not tested") for row in untested), untested
+
+
+def test_the_journal_versions_in_the_doc_are_the_schema_migrations() -> None:
+    from publisher.journal.schema import MIGRATIONS, SCHEMA_VERSION
+
+    body = section(skew_section(), "### Journal schema versions")
+    rows = [row for row in table_rows(body) if re.fullmatch(r"\d+", row[0])]
+    documented = {int(row[0]): row[1] for row in rows}
+    assert max(documented) == SCHEMA_VERSION, (sorted(documented), SCHEMA_VERSION)
+    assert 1 in documented and 0 in documented
+    added = {n: re.findall(r"`(\w+)\.(\w+)`", cell) for n, cell in documented.items() if n >= 2}
+    expected = {i + 2: [(table, column)] for i, (table, column, _decl) in enumerate(MIGRATIONS)}
+    assert added == expected
+
+
+def test_the_wire_versions_in_the_doc_are_the_ones_the_plugin_sends_and_the_publisher_reads() -> None:
+    from cni_plugin import wire
+
+    body = section(skew_section(), "### Plugin and publisher skew")
+    assert re.search(r"`WIRE_VERSION = (\d+)`", body).group(1) == str(wire.WIRE_VERSION)
+    assert re.search(r"`WIRE_VERSION_MAX = (\d+)`", body).group(1) == str(wire.WIRE_VERSION_MAX)
+
+
+def test_each_compatibility_statement_names_tests_that_exist() -> None:
+    body = skew_section()
+    refs = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", body)
+    files = {path for path, _name in refs}
+    assert {"tests/plugin/test_wire_rollout.py", "tests/publisher/test_wire_compat.py",
+            "tests/publisher/test_journal_schema_version.py"} <= files, files
+    missing = []
+    for path, name in refs:
+        source = REPO / path
+        if not source.is_file():
+            missing.append(path)
+        elif name and not re.search(rf"^def {name}\(", source.read_text(), re.M):
+            missing.append(f"{path}::{name}")
+    assert not missing, missing
+    # Every statement of the skew list ends with the tests that hold it.
+    statements = re.findall(r"^- \*\*.*?(?=^- \*\*|\Z)", section(body, "### Plugin and publisher skew"), re.M | re.S)
+    assert statements and all("`tests/" in s for s in statements), statements
+
+
+# ---------------------------------------------------------------- links
+
+
+def anchors_of(doc: Path) -> set[str]:
+    """The anchors a renderer gives the headings of `doc` (lower case, punctuation dropped, spaces as -)."""
+    text = re.sub(r"^ *```.*?^ *```", "", doc.read_text(), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_every_relative_link_of_the_docs_names_a_file_and_heading_that_exist() -> None:
+    broken = []
+    for doc in DOCS:
+        text = re.sub(r"^ *```.*?^ *```", "", doc.read_text(), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
+            if not linked.exists():
+                broken.append(f"{doc.relative_to(REPO)}: {target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors_of(linked):
+                broken.append(f"{doc.relative_to(REPO)}: {target}: no such heading")
+    assert not broken, broken
+
+
+# ---------------------------------------------------------------- stale and internal statements
+
+
+def test_the_readme_lists_the_runtime_and_test_dependencies_setup_cfg_declares() -> None:
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+
+    def names(spec: str) -> set[str]:
+        return {re.split(r"[<>=!~\[ ]", line.strip())[0].lower() for line in spec.strip().splitlines() if line.strip()}
+
+    deps = section((REPO / "README.md").read_text(), "## Dependencies")
+    runtime = re.search(r"^Runtime[^:]*:(.*?)\.", deps, re.M | re.S).group(1)
+    assert set(re.findall(r"`([\w.-]+)`", runtime)) == names(cfg["options"]["install_requires"]), runtime
+    tests = re.search(r"^Test extras[^:]*:(.*?)\.", deps, re.M | re.S).group(1)
+    assert set(re.findall(r"`([\w.-]+)`", tests)) == names(cfg["options.extras_require"]["test"]), tests
+
+
+INTERNAL = re.compile(
+    r"\bissue\s*#?\d+|\b(?:this|previous|last|next|earlier)\s+round\b|\bsessions?\b|"
+    r"\b(?:the|product|task) brief\b(?!\s+status)|\bquestion asked\b|\breviewers?\b|\bcode review\b|"
+    r"\bPR\s*#\d+|\bticket\b",
+    re.I)
+
+
+def test_the_user_docs_speak_of_no_internal_history() -> None:
+    hits = []
+    for doc in DOCS:
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            hits += [f"{doc.relative_to(REPO)}:{n}: {m.group(0)!r}" for m in INTERNAL.finditer(line)]
+    assert not hits, hits
+
+
+def test_the_internal_history_check_sees_what_it_forbids() -> None:
+    for text in ("fixed in issue 12", "measured this round", "other sessions' tests", "the question asked",
+                 "fixed by the product brief"):
+        assert INTERNAL.search(text), text
+    assert not INTERNAL.search("32 ABBA rounds; containerd/containerd#8426; poll with the brief status")
