@@ -5,4 +5,4 @@ it with `attr:`; the publisher, the chart and the image take it from here), so
 it is a plain constant: this module runs on every pod start.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -15,7 +15,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,8 @@ import click
 from cni_plugin import __version__
 from cni_plugin.wire import DEFAULT_SOCKET, DEFAULT_SPOOL_DIR, PROTOCOL_VERSION, encode_frame, read_frame
 from publisher import limits
+from publisher.observe import nodelease
+from publisher.observe.fleet import fleet
 
 PROG = "netclaim-publisher"
 
@@ -199,12 +200,14 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               help="Follow each attachment's interface in its pod's netns after ADD: Ready and networkData show "
                    "link down, lost carrier, addresses added or removed (needs CAP_SYS_ADMIN and the netns "
                    "directory; without them the watch is off and says so in /readyz).")
+@nodelease.options
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
         metrics_address: str, probe_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, sibling_hold: float, verify_after: float,
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
-        unchained_grace: float, durable_commits: str, live_watch: bool, device_id_attributes: tuple[str, ...]) -> None:
+        unchained_grace: float, durable_commits: str, live_watch: bool, device_id_attributes: tuple[str, ...],
+        **node_lease: Any) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
     import sqlite3
 
@@ -243,7 +246,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                         claim_window=claim_window, max_claim_windows=max_claim_windows,
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
                         driver_names=driver_names, unchained_grace=unchained_grace,
-                        durable_commits=durable, live_watch=live_watch, device_id_attributes=id_attributes)
+                        durable_commits=durable, live_watch=live_watch, device_id_attributes=id_attributes,
+                        node_lease=nodelease.settings_from(node_lease, node_name, kubeconfig))
     done = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -380,8 +384,8 @@ def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> A
 @click.option("--node-name", envvar="NETCLAIM_NODE_NAME", show_envvar=True, default="",
               help="This node: a chain contest is posted as a Warning Event on it (empty: no Event).")
 @click.option("--metrics-address", envvar="NETCLAIM_KEEPER_METRICS_ADDRESS", show_envvar=True, default="",
-              help="host:port for /metrics, /readyz (chained, or the contest reported) and /healthz "
-                   "(empty: none).")
+              help="host:port for /metrics, /readyz (chained, or the contest reported) and /healthz (the "
+                   "keeper's loop turns; see --stall-after) (empty: none).")
 @click.option("--lock-dir", envvar="NETCLAIM_KEEPER_LOCK_DIR", show_envvar=True, default="",
               type=click.Path(file_okay=False),
               help="The node dir (the state dir, as mounted here) of the keeper's lock: a new install's keeper "
@@ -391,6 +395,10 @@ def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> A
               callback=metrics_address_value,
               help="host:port serving only /readyz and /healthz on threads of their own, for the kubelet's probes "
                    "(the chart: 127.0.0.1, which pods cannot reach; empty: none).")
+@click.option("--stall-after", envvar="NETCLAIM_KEEPER_STALL_AFTER", show_envvar=True, default=0.0,
+              type=click.FloatRange(0, 3600),
+              help="Seconds without a turn of the keeper's loop after which /healthz fails (the kubelet then "
+                   "restarts it); waiting for the node lock never fails it. 0: 60 poll intervals, at least 60 s.")
 @click.option("--test-pause", multiple=True, hidden=True, metavar="POINT=SECONDS",
               help="Tests only: stop at a point of an edit (before-replace, after-write).")
 @click.option("--test-hold", multiple=True, hidden=True, metavar="POINT=FILE",
@@ -401,7 +409,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
                  cleanup_dir: tuple[str, ...], poll_interval: float,
                  daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
                  log_format: str, log_level: str, node_name: str, metrics_address: str, probe_address: str,
-                 lock_dir: str,
+                 lock_dir: str, stall_after: float,
                  test_pause: tuple[str, ...],
                  test_hold: tuple[str, ...]) -> None:
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
@@ -431,7 +439,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
         conf_dir=Path(cni_conf_dir), bin_dir=Path(cni_bin_dir), plugin_binary=Path(plugin_binary), entry=entry,
         conflist=conflist, cleanup_dirs=[Path(d) for d in cleanup_dir], poll_interval=poll_interval,
         cache_dir=Path(cni_cache_dir) if cni_cache_dir else None, node_cache_dir=plugin_cni_cache_dir,
-        lock_dir=Path(lock_dir) if lock_dir else None,
+        lock_dir=Path(lock_dir) if lock_dir else None, stall_after=stall_after,
         test_pauses={k: float(v) for k, _, v in (p.partition("=") for p in test_pause)},
         test_holds={k: Path(v) for k, _, v in (h.partition("=") for h in test_hold)})
     from publisher.chain.runtime import RuntimeTeardown
@@ -533,27 +541,6 @@ def request_status(socket_path: str, timeout: float = 10.0) -> dict[str, Any]:
     return _ask(socket_path, {"kind": "status"}, timeout)["status"]
 
 
-def problems(st: dict[str, Any]) -> list[str]:
-    """What in a status answer needs a person: `status` exits 1 when this is not empty."""
-    out = []
-    if not st.get("ready", True):
-        out.append(f"not ready: {st.get('not_ready_reason') or 'see /readyz'}")
-    if not st.get("live", True):
-        out.append(f"not live: {st.get('not_live_reason') or 'see /healthz'}")
-    errors = [k for k, cs in (st.get("claims") or {}).items() if cs.get("state") == "error"]
-    if errors:
-        out.append(f"{len(errors)} claim(s) in error: {', '.join(errors[:5])}")
-    if st.get("failed_events"):
-        out.append(f"{len(st['failed_events'])} event(s) dropped recently")
-    if st.get("spool_stuck_files"):
-        out.append(f"{st['spool_stuck_files']} spool file(s) cannot be ingested")
-    return out
-
-
-def _age(ts: float | None) -> str:
-    return "-" if not ts else f"{time.time() - ts:.1f}s ago"
-
-
 @cli.command()
 @socket_option
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -564,34 +551,14 @@ def status(socket_path: str, output: str) -> None:
     Exits 1 when the answer holds a problem (not ready or not live, a claim in error, events
     dropped, spool files stuck), so a script or a probe can act on it; 0 when all is well.
     """
+    from publisher.observe.statustext import problems, text
+
     try:
         st = request_status(socket_path)
     except OSError as exc:
         raise click.ClickException(f"cannot reach the publisher at {socket_path}: {exc}") from None
     found = problems(st)
-    if output == "json":
-        click.echo(json.dumps(st, indent=2, sort_keys=True))
-        sys.exit(1 if found else 0)
-    click.echo(f"node:            {st['node']}")
-    click.echo(f"journal depth:   {st['journal_depth']}")
-    oldest = st.get("oldest_pending")
-    click.echo("oldest pending:  " + ("-" if not oldest else
-               f"{oldest['op']} {oldest['containerID'][:12]}/{oldest['ifname']} age {oldest['age_seconds']}s "
-               f"attempts {oldest['attempts']} {oldest['last_error']}"))
-    click.echo(f"attachments:     {st['attachments']}")
-    err = st.get("last_error")
-    click.echo("last error:      " + ("-" if not err else f"{_age(err.get('time'))} {err.get('claim', '')} {err.get('error')}"))
-    click.echo("claims:")
-    for key, cs in st.get("claims", {}).items():
-        line = f"  {key:<40} {cs['state']:<10} {','.join(cs['devices'])}"
-        if cs.get("error"):
-            line += f"  error: {cs['error']}"
-        click.echo(line)
-    if st.get("failed_events"):
-        click.echo("recently dropped events:")
-        for f in st["failed_events"]:
-            click.echo(f"  {f['op']} {f['containerID'][:12]}/{f['ifname']}: {f['error']}")
-    click.echo("problems:        " + ("-" if not found else "; ".join(found)))
+    click.echo(json.dumps(st, indent=2, sort_keys=True) if output == "json" else text(st, found))
     sys.exit(1 if found else 0)
 
 
@@ -615,6 +582,8 @@ def version() -> None:
     """Print the publisher's version and wire protocol version (same as --version)."""
     click.echo(f"{PROG} {__version__} (wire protocol {PROTOCOL_VERSION})")
 
+
+cli.add_command(fleet)
 
 if __name__ == "__main__":
     sys.exit(main())

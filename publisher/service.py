@@ -38,6 +38,7 @@ from publisher.live.watcher import LiveSettings, LiveWatch
 from publisher.journal.store import Journal, Pending, shard_key
 from publisher.kube.calls import Kube, TransientError
 from publisher.observe.metrics import Metrics
+from publisher.observe.nodelease import LeaseSettings, NodeLease, Sources, ask_keeper
 from publisher.reconcile.podcache import PodCache
 from publisher.reconcile.reconciler import Reconciler
 from publisher.observe.report import Reporter, event_fields
@@ -72,6 +73,8 @@ class Settings:
     live_watch: bool = True  # follow each attachment's interface in its netns (publisher/live/)
     # Slice attributes an event's device ID is matched against (publisher/reconcile/slices.py).
     device_id_attributes: tuple[str, ...] = DEFAULT_DEVICE_ID_ATTRIBUTES
+    # The node's heartbeat Lease for `netclaim-publisher fleet` (publisher/observe/nodelease.py); None: off.
+    node_lease: LeaseSettings | None = None
 
 
 class Service:
@@ -119,6 +122,7 @@ class Service:
         self.rules = Rules(self.journal, self.resolver, self.reconciler, self.report,
                            RuleSettings(settings.resolve_timeout, settings.retry_cap, settings.sibling_hold), self.housekeeping.claim_retry,
                            held=self.housekeeping.held)
+        self.node_lease = self._node_lease(settings.node_lease)
         self._threads: list[threading.Thread] = []
         self.down: dict[str, str] = {}  # thread name -> why it is being restarted
         self.started = False
@@ -163,7 +167,21 @@ class Service:
         self._spawn("live-watch", self.live_watch.run)
         if self.unchained.enabled:
             self._spawn("unchained", lambda: self.unchained.run(self.stopping))
+        if self.node_lease is not None:
+            self._spawn("node-lease", self.node_lease.run)
         self.started = True
+
+    def _node_lease(self, cfg: LeaseSettings | None) -> NodeLease | None:
+        """The heartbeat reads each part of its state where that part lives (nothing is kept twice)."""
+        if cfg is None:
+            return None
+        sources = Sources(
+            journal_depth=self.journal.depth, oldest_journaled_age=self.oldest_pending_age,
+            spool_times=self.intake.spooled_times, claims=self.journal.claim_count,
+            attachments=self.journal.attachment_count, claim_states=self.report.claims,
+            pods_unchained=lambda: self.unchained.flagged() if self.unchained.enabled else 0,
+            ready=self.ready, keeper=lambda: ask_keeper(cfg.keeper_address))
+        return NodeLease(self.kube, cfg, sources, self.metrics.node_lease_failures.inc, self.stopping)
 
     def _spawn(self, name: str, body: Callable[[], None]) -> None:
         if name == "housekeeping" or name.startswith("worker-"):

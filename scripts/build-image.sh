@@ -67,6 +67,8 @@ base_rootfs() {
     local key out
     key="$(printf '%s\n' bookworm essential "$BASE_PACKAGES" | sha256sum | cut -c1-16)"
     out="$CACHE/base-$key.tar"
+    exec 6>"$CACHE/.lock-base-$key"
+    flock 6
     if [[ ! -f "$out" ]]; then
         log "making the base root file system (mmdebstrap, bookworm, $BASE_PACKAGES)"
         mmdebstrap --quiet --variant=essential --include="$BASE_PACKAGES" \
@@ -85,19 +87,25 @@ base_rootfs_arm64() {
     local amd64_base="$1" key out packages hooks=()
     packages="$(tar -xOf "$amd64_base" ./var/lib/dpkg/status | sed -n 's/^Package: //p' | sort | paste -sd, -)"
     [[ -n "$packages" ]] || die "no package list in $amd64_base"
-    key="$(printf '%s\n' bookworm arm64 extract no-recommends hooks stdlib-pyc "$packages" | sha256sum | cut -c1-16)"
+    key="$(printf '%s\n' bookworm arm64 extract no-recommends hooks stdlib-pyc dpkg-status-once "$packages" | sha256sum | cut -c1-16)"
     out="$CACHE/base-arm64-$key.tar"
+    exec 6>"$CACHE/.lock-base-$key"
+    flock 6
     if [[ ! -f "$out" ]]; then
         log "making the arm64 base root file system (mmdebstrap extract, bookworm, the amd64 base's packages)"
         if [[ -d /usr/share/mmdebstrap/hooks/merged-usr ]]; then hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr); fi
         # Only those packages and what they depend on (the essential variant installs no recommends either).
         # The stdlib's bytecode, which Debian's postinst would write, is compiled by this host's python3.11
         # (the same bytecode); a read-only root could not cache it at run time.
+        # Nothing is installed, so dpkg's status would list no package: each extracted package's
+        # control fields are added to it as "install ok unpacked", which is what they are, so the
+        # image says what it holds (the release's SBOM reads it, as any scanner does).
         mmdebstrap --quiet --architectures=arm64 --variant=extract --include="$packages" "${hooks[@]}" \
             --aptopt='APT::Install-Recommends "false"' \
             --extract-hook='cp "$1"/usr/share/base-passwd/passwd.master "$1"/etc/passwd' \
             --extract-hook='cp "$1"/usr/share/base-passwd/group.master "$1"/etc/group' \
             --extract-hook='rm -rf "$1"/usr/share/doc/* "$1"/usr/share/man/* "$1"/usr/share/locale/* "$1"/usr/share/info/*' \
+            --extract-hook='set -e; ls "$1"/var/cache/apt/archives/*.deb >/dev/null; for deb in "$1"/var/cache/apt/archives/*.deb; do ! grep -qx "Package: $(dpkg-deb -f "$deb" Package)" "$1"/var/lib/dpkg/status || continue; { echo; dpkg-deb -f "$deb" | sed "1a Status: install ok unpacked"; } >>"$1"/var/lib/dpkg/status; done' \
             --extract-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
             --extract-hook="cp $(command -v qemu-aarch64-static) \"\$1\"/qemu-aarch64-static" \
             --extract-hook='chroot "$1" /qemu-aarch64-static /sbin/ldconfig' \
@@ -217,6 +225,10 @@ main() {
                  -o -name '*.toml' \) -print0 | sort -z | xargs -0 sha256sum
              echo "$TAG") | sha256sum | cut -c1-16)"
     archive="$CACHE/netclaim-$TAG-$key.oci.tar"
+    # Two builds of the same inputs (test lanes side by side) take turns: the second one finds
+    # the first one's archive. Lock files are per key, so different images still build at once.
+    exec 7>"$CACHE/.lock-$key"
+    flock 7
     if [[ -f "$archive" ]]; then
         log "cached: $archive"
         printf '%s\n' "$archive"

@@ -16,7 +16,8 @@
 # only Modules/_json.c and Tools/scripts/{deepfreeze,umarshal}.py are used);
 # setns(2) is a builtin (scripts/build/bundle/netclaim_sys.c).
 #
-# The result is cached under ${XDG_CACHE_HOME:-~/.cache}/netclaim/plugin/<key>/netclaim,
+# The result is cached under ${XDG_CACHE_HOME:-~/.cache}/netclaim/plugin/<key>/netclaim
+# (beside it modules.txt, the frozen modules, and build-info.txt, the static libraries' versions),
 # where <key> hashes cni_plugin/*.py, scripts/build/bundle/*, this script and the
 # libpython version, so changing the plugin's sources rebuilds it.
 #
@@ -239,6 +240,21 @@ build() {
     [[ "$answer" == *supportedVersions* ]] || die "unexpected VERSION answer: $answer"
 }
 
+# What went into the executable besides its modules (modules.txt), one "key value" a line,
+# for the release's SBOM (scripts/build/sbom.py): the CPython version, and the Debian
+# packages whose static libraries it links, as "deb:<package> <version>".
+build_info() {
+    printf 'arch %s\n' "$ARCH"
+    printf 'python %s\n' "$(libpython_version)"
+    if [[ "$ARCH" == arm64 ]]; then
+        printf 'deb:libpython3.11-dev %s\n' "$(cat "$SYSROOT/.complete")"
+        printf 'deb:libc6-dev-arm64-cross %s\n' "$(dpkg-query -W -f='${Version}' libc6-dev-arm64-cross)"
+    else
+        printf 'deb:libpython3.11-dev %s\n' "$(dpkg-query -W -f='${Version}' libpython3.11-dev)"
+        printf 'deb:libc6-dev %s\n' "$(dpkg-query -W -f='${Version}' libc6-dev)"
+    fi
+}
+
 # Keep the newest few builds: every edit of the plugin's sources makes a new one.
 prune() {
     local keep="$1" old
@@ -268,6 +284,7 @@ main() {
         mkdir -p "$(dirname "$dest")"
         install -m 0755 "$work/netclaim" "$dest.tmp"
         cp "$work/modules.txt" "$(dirname "$dest")/modules.txt"
+        build_info >"$(dirname "$dest")/build-info.txt"
         mv -f "$dest.tmp" "$dest"
         rm -rf "$work"
         prune "$key"

@@ -5,7 +5,7 @@
 #
 #   scripts/test.sh [--load] [pytest args...]
 #
-# With no test path among the arguments the suite runs as two lanes side by
+# With no test path among the arguments the suite runs as three lanes side by
 # side, each with its own control plane and clusters (scripts/harness/lanes.py);
 # with one, pytest runs just that, as usual.
 # --load runs it on a loaded machine: a CPU burner on one core and an fsync loop

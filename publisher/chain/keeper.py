@@ -24,6 +24,9 @@ The keeper runs beside the publisher in the DaemonSet. It:
   entry there, so a rewrite right after its own write is never taken for done;
 - says how the node stands: /readyz and /metrics on --metrics-address, a
   `chain status` log line on every change, a Warning Event on the Node;
+- says whether it can still do that: /healthz fails when its loop has not
+  turned for many poll intervals (publisher/chain/heartbeat.py), and never
+  while it waits for the node lock, which is how a new install waits its turn;
 - on SIGTERM tells an uninstall from an upgrade or a restart, on positive
   evidence only (publisher/chain/ownerwatch.py): its DaemonSet answered 404, showed
   a deletionTimestamp, or was seen DELETED by the watch the keeper keeps on
@@ -43,6 +46,7 @@ that list changes.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -55,6 +59,7 @@ from typing import Any, Callable
 from publisher import limits
 from publisher import logs
 from publisher.chain.guard import ChainGuard, KeeperMetrics
+from publisher.chain.heartbeat import KEEPING, STARTING, STEPPED_DOWN, STOPPING, WAITING, Heartbeat, stall_after
 from publisher.clock import node_seconds
 from publisher.chain.conflist import (
     BACKUP_SUFFIX,
@@ -93,6 +98,8 @@ RELOAD_SETTLE = 2.0
 # keeps the executable (within the grace period: DECIDE_WITHIN + RELOAD_SETTLE + this < 30).
 TEARDOWN_WAIT = 8.0
 HOLD_MAX = 120.0  # seconds a test hold can stop the keeper
+# Seconds to keep trying to bind a listener whose address the previous lock holder still has.
+BIND_WITHIN = 10.0
 
 
 @dataclass
@@ -111,6 +118,9 @@ class KeeperConfig:
     # The node dir (the state dir) of the keeper's lock and claim (publisher/chain/nodelock.py): an uninstall's
     # cleanup and a new install's keeper never overlap. None: no lock.
     lock_dir: Path | None = None
+    # Seconds without a turn of the loop after which /healthz fails; 0: many poll intervals
+    # (publisher/chain/heartbeat.py `stall_after`).
+    stall_after: float = 0.0
     # How the runtime runs DEL (publisher/chain/runtime.py); None: with the cached config (the cautious rule).
     teardown: Any = None
     # Tests only: seconds to stop at a point of an edit ("before-replace", "after-write"), to land a
@@ -167,6 +177,8 @@ class ChainKeeper:
         # A newer keeper claimed the node (publisher/chain/nodelock.py): this one steps down.
         self.superseded: Callable[[], bool] = lambda: False
         self.stepped_down = False
+        # Liveness (/healthz): the loop beats once per turn; waiting for the node lock is alive.
+        self.heartbeat = Heartbeat(stall_after(cfg.poll_interval, cfg.stall_after))
 
     def primary(self) -> Path | None:
         if self.cfg.conflist:
@@ -325,16 +337,22 @@ class ChainKeeper:
 
         The newer keeper is a surge rollout's new pod (its init container waits for the node lock):
         two keepers must never both write the chain, and the old one's pod is only deleted once the
-        new one is ready, so the old one gives way."""
+        new one is ready, so the old one gives way.
+
+        Every turn beats the heartbeat: a pass that never ends (a hung file system) fails /healthz."""
+        self.heartbeat.enter(KEEPING)
         while not self.stop.is_set():
+            self.heartbeat.beat()
             if self.superseded():
                 self.stepped_down = True
+                self.heartbeat.enter(STEPPED_DOWN)
                 return
             try:
                 self.reconcile()
             except OSError as exc:
                 self.log.warning("reconcile failed, will retry", extra={"error": str(exc)})
             self.stop.wait(self.cfg.poll_interval)
+        self.heartbeat.enter(STOPPING)
 
     def remove_everything(self, teardown_wait: float = 0.0) -> None:
         """Put the node back: conflists restored first, then the plugin (see remove_plugin), spool and journal.
@@ -484,17 +502,46 @@ class Reporting:
 
 
 def start_health(address: str, keeper: ChainKeeper, probes_only: bool = False) -> Any:
-    """The publisher's bounded server (publisher/observe/metrics.py) with the keeper's registry and readiness;
-    with `probes_only` the probe listener (no /metrics, threads of its own)."""
+    """The publisher's bounded server (publisher/observe/metrics.py) with the keeper's registry, readiness
+    and liveness (its heartbeat); with `probes_only` the probe listener (no /metrics, threads of its own)."""
     from publisher.observe.metrics import HealthServer
 
     # The status object is replaced on every change: read it at request time.
     server = HealthServer(address, keeper.metrics, lambda: keeper.status.ready(),  # type: ignore[arg-type]
-                          probes_only=probes_only)
+                          live=keeper.heartbeat.live, probes_only=probes_only)
     server.start()
     logs.get().info("chain keeper " + ("probes" if probes_only else "metrics"),
                     extra={"address": address, "port": server.port})
     return server
+
+
+def start_health_when_free(address: str, keeper: ChainKeeper, probes_only: bool = False,
+                           within: float = BIND_WITHIN) -> Any:
+    """start_health, trying again for `within` seconds while the address is in use: the keeper that held
+    the node lock before this one (the pods share the host's network) closes its listeners just after
+    letting the lock go."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return start_health(address, keeper, probes_only)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
+def start_probes_early(address: str, keeper: ChainKeeper) -> Any:
+    """The probe listener before the node lock is taken, so the kubelet sees a keeper that waits for the
+    lock as alive (not ready). None when the address is in use: the keeper holding the lock listens there,
+    and the kubelet's probes (the pods share the host's network) reach it until it lets go."""
+    try:
+        return start_health(address, keeper, probes_only=True)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+    logs.get().info("probe address in use (the chain keeper holding the node lock?): listening once the lock "
+                    "is ours", extra={"address": address})
+    return None
 
 
 def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
@@ -521,11 +568,17 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     stop = stop or StopSignal.install()
     keeper.stop = stop.event
     signalled = stop.signals
-    if lock is not None and not take_node(lock, stop.event):
+    # The probe listener first: waiting for the node lock is alive (/healthz), not ready (/readyz).
+    probes = start_probes_early(reporting.probe_address, keeper) if reporting.probe_address else None
+    if lock is not None and not take_node(lock, stop.event, keeper.heartbeat):
         log.info("chain keeper stopped while waiting for the node lock: nothing done")
+        if probes is not None:
+            probes.stop()
         return 0
-    health = start_health(reporting.metrics_address, keeper) if reporting.metrics_address else None
-    probes = start_health(reporting.probe_address, keeper, probes_only=True) if reporting.probe_address else None
+    keeper.heartbeat.enter(STARTING)
+    health = start_health_when_free(reporting.metrics_address, keeper) if reporting.metrics_address else None
+    if probes is None and reporting.probe_address:
+        probes = start_health_when_free(reporting.probe_address, keeper, probes_only=True)
     log.info("chain keeper started", extra={"conf_dir": str(cfg.conf_dir), "conflist": cfg.conflist or "(first)",
                                             "poll_interval": cfg.poll_interval})
     if lock is not None:
@@ -572,14 +625,20 @@ def step_down(lock: NodeLock | None, stopped: threading.Event, servers: tuple[An
     return 0
 
 
-def take_node(lock: NodeLock, stop: threading.Event | None) -> bool:
+def take_node(lock: NodeLock, stop: threading.Event | None, heartbeat: Heartbeat | None = None) -> bool:
     """Claim the node, then hold its lock (waiting while an older keeper, say one cleaning up after an
-    uninstall, still holds it); False when stopped while waiting."""
+    uninstall, still holds it); False when stopped while waiting. The wait is a phase of the `heartbeat`
+    that is alive however long it lasts."""
     log = logs.get()
     lock.claim()
-    return lock.acquire(stop, on_wait=lambda: log.info(
-        "waiting for the node lock: another chain keeper (an uninstall finishing?) holds it",
-        extra={"lock": str(lock.path)}))
+
+    def waiting() -> None:
+        if heartbeat is not None:
+            heartbeat.enter(WAITING)
+        log.info("waiting for the node lock: another chain keeper (an uninstall finishing?) holds it",
+                 extra={"lock": str(lock.path)})
+
+    return lock.acquire(stop, on_wait=waiting, on_poll=heartbeat.beat if heartbeat is not None else lambda: None)
 
 
 def uninstall_now(cfg: KeeperConfig) -> int:

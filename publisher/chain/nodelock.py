@@ -90,9 +90,11 @@ class NodeLock:
             return fh.read(OWNER_MAX_BYTES).strip() != self.token
 
     def acquire(self, stop: threading.Event | None = None, wait: bool = True,
-                on_wait: Callable[[], None] = lambda: None) -> bool:
+                on_wait: Callable[[], None] = lambda: None,
+                on_poll: Callable[[], None] = lambda: None) -> bool:
         """Take the lock; True when held. Waits (polling, so SIGTERM still stops the wait: False) while
-        another keeper holds it; with `wait` False raises LockBusy instead."""
+        another keeper holds it; with `wait` False raises LockBusy instead. `on_wait` is called once when
+        the wait begins, `on_poll` at every try while waiting (the keeper's heartbeat)."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         told = False
         while True:
@@ -106,6 +108,7 @@ class NodeLock:
                 if not told:
                     on_wait()
                     told = True
+                on_poll()
                 if (stop or threading.Event()).wait(POLL):
                     return False  # stopped (SIGTERM) while waiting
                 continue

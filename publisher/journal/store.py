@@ -563,6 +563,11 @@ class Journal:
     def dirty_count(self) -> int:
         return self._read("SELECT COUNT(*) FROM dirty")[0][0]
 
+    def claim_count(self) -> int:
+        """How many claims claims() would list, without listing them (the node's heartbeat reads it)."""
+        return self._read("SELECT COUNT(*) FROM (SELECT claim_namespace, claim_name FROM attachments UNION"
+                          " SELECT claim_namespace, claim_name FROM dirty)")[0][0]
+
     # ------------------------------------------------------------ applied bodies
 
     def applied_hashes(self) -> dict[str, str]:

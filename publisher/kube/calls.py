@@ -36,7 +36,8 @@ REQUEST_TIMEOUT = (5.0, 20.0)
 # thread (and its queue) for the 20 s a status apply may take.
 EVENT_TIMEOUT = (2.0, 5.0)
 # A request made outside a Kube.purpose() block is counted under the purpose of its verb.
-DEFAULT_PURPOSE = {"apply": "apply", "event": "event", "get": "get", "list": "list", "watch": "watch"}
+DEFAULT_PURPOSE = {"apply": "apply", "event": "event", "get": "get", "list": "list", "watch": "watch",
+                   "lease": "node-lease"}
 
 
 def watch_seconds() -> int:
@@ -494,3 +495,20 @@ class Kube:
                    ("timeoutSeconds", str(timeout or watch_seconds()))],
             timeout=(5.0, limits.WATCH_SILENCE), stream=True)
         return resp
+
+    # The node's heartbeat (publisher/observe/nodelease.py): one Lease per node in the release namespace,
+    # read by `netclaim-publisher fleet`. Created once, then replaced with the resourceVersion of the last
+    # answer (a PUT), so a write never undoes someone else's: a conflict re-reads it first.
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._json("lease", "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
+                          timeout=EVENT_TIMEOUT)
+
+    def create_lease(self, namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        return self._json("lease", "POST", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+                          body=lease, timeout=EVENT_TIMEOUT)
+
+    def update_lease(self, namespace: str, name: str, lease: dict[str, Any]) -> dict[str, Any]:
+        """PUT the whole Lease; its metadata.resourceVersion makes a stale copy a 409, never an overwrite."""
+        return self._json("lease", "PUT", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
+                          body=lease, timeout=EVENT_TIMEOUT)

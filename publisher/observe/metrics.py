@@ -64,7 +64,8 @@ REJECTED_REASONS = ("bad_frame", "bad_request", "bad_event", "too_many_connectio
 FAILED_REASONS = ("invalid_entry", "unresolvable", "unresolved", "internal_error")
 IGNORED_REASONS = ("no_claim", "no_request", "earlier_boot")
 DRIFT_CAUSES = ("window", "outcome", "pod_deleted", "safety_net")
-API_PURPOSES = ("resolve-watch", "resolve-get", "apply", "verify", "reconcile", "get", "list", "watch", "event")
+API_PURPOSES = ("resolve-watch", "resolve-get", "apply", "verify", "reconcile", "get", "list", "watch", "event",
+                "node-lease")
 EVENT_RESULTS = ("created", "failed", "deduplicated", "series_updated", "dropped", "disabled")
 INTERFACE_CHANGES = ("LinkDown", "NoCarrier", "AddressLost", "InterfaceGone", "Recovered", "AddressesChanged",
                      "MacChanged", "Changed")
@@ -144,7 +145,7 @@ class Metrics:
             "found it (window, outcome, pod_deleted, safety_net)", ["cause"], registry=r), *DRIFT_CAUSES)
         self.api_purpose = preset(Counter(
             "netclaim_api_requests_by_purpose_total", "Kubernetes API requests sent, by purpose (resolve-watch, "
-            "resolve-get, apply, verify, reconcile, get, list, watch, event)", ["purpose"], registry=r),
+            "resolve-get, apply, verify, reconcile, get, list, watch, event, node-lease)", ["purpose"], registry=r),
             *API_PURPOSES)
         self.claim_windows = Gauge("netclaim_claim_windows_open", "Claim watches open (resolving, or the window "
                                    "after netclaim's apply)", registry=r)
@@ -216,6 +217,10 @@ class Metrics:
             "netclaim_probe_connections_refused_total", "Connections to the probe listener (/healthz, /readyz "
             "for the kubelet) closed at once because every probe handler was busy and its queue was full",
             registry=r)
+        # publisher/observe/nodelease.py: the node's heartbeat Lease (`netclaim-publisher fleet` reads it).
+        self.node_lease_failures = Counter(
+            "netclaim_node_lease_write_failures_total", "Writes of the node's heartbeat Lease that failed (no "
+            "answer, refused, or a conflict); the next look tries again", registry=r)
 
     def watch_backlog(self, spool_dir: str, oldest_journaled_age: Callable[[], float | None],
                       spooled: Callable[[], list[float]] | None = None) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from deploylib import REPO
+from deploylib import DRIVER, REPO
 
 CHART = REPO / "conf" / "helm" / "netclaim"
 BUILD = REPO / "scripts" / "build" / "components.sh"
@@ -55,13 +55,25 @@ def helm(*args: str, kubeconfig: str | None = None, check: bool = True,
     return proc
 
 
-def render(*sets: str, release: str = "netclaim", namespace: str = "netclaim-system",
+def render(*sets: str, driver: str | None = DRIVER, release: str = "netclaim", namespace: str = "netclaim-system",
            chart: Path = CHART) -> list[dict[str, Any]]:
-    """`helm template` with --set KEY=VALUE pairs; the rendered objects."""
+    """`helm template` with --set KEY=VALUE pairs; the rendered objects.
+
+    The chart has no default driverName (a render without one is refused), so every render
+    passes `--set driverName=<driver>` first, as an operator must: the e2e test driver unless
+    `driver` names another; a `driverName=...` among `sets` comes later and wins. `driver=None`
+    renders without one (the refusal)."""
     args = ["template", release, str(chart), "--namespace", namespace, "--kube-version", kube_version()]
+    if driver is not None:
+        args += ["--set", f"driverName={driver}"]
     for s in sets:
         args += ["--set", s]
     return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def driver_set(driver: str = DRIVER) -> tuple[str, str]:
+    """The `--set driverName=...` pair for a helm command line of a test's own."""
+    return ("--set", f"driverName={driver}")
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

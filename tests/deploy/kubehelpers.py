@@ -10,6 +10,7 @@ projected token volume).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,21 @@ def delete_object(dyn: Any, doc: dict[str, Any]) -> None:
     except ApiException as exc:
         if exc.status != 404:
             raise
+
+
+def tear_down(api: client.ApiClient, dyn: Any, namespace: str, docs: list[dict[str, Any]],
+              kinds: Callable[[str], bool]) -> None:
+    """Delete the objects of `docs` whose kind `kinds` selects, then the test's namespace (left to
+    terminate: no namespace controller runs here), and close the client. Cluster-scoped objects
+    must go: they outlive the namespace and would meet the next test."""
+    for doc in docs:
+        if kinds(doc["kind"]):
+            delete_object(dyn, doc)
+    try:
+        client.CoreV1Api(api).delete_namespace(namespace)
+    except ApiException:
+        pass
+    api.close()
 
 
 def create_pod(api: client.ApiClient, namespace: str, name: str, node: str, *,

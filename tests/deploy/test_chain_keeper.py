@@ -634,3 +634,104 @@ def test_the_keeper_logs_at_its_log_level_in_dated_text_or_json_with_msg(node: N
     records = [json.loads(line) for line in json_lines.stderr.splitlines()]
     assert records and all(list(r)[:3] == ["ts", "level", "msg"] and "event" not in r for r in records), records
     assert any(r["msg"] == "netclaim chained" and r["conflist"] == "10-calico.conflist" for r in records), records
+
+
+# ---------------------------------------------------------------- liveness: the loop turns, waiting is alive
+
+
+def probes_port(proc: subprocess.Popen[bytes], root: Path) -> int:
+    found: list[int] = []
+
+    def listening() -> bool:
+        m = re.search(r"chain keeper probes .*port=(\d+)", keeper_log(root))
+        if m:
+            found.append(int(m.group(1)))
+        return bool(m)
+
+    wait(listening, "the probe listener", proc, root)
+    return found[0]
+
+
+def test_heartbeat_fails_a_loop_that_stopped_turning_and_never_a_wait_or_a_stop() -> None:
+    from publisher.chain.heartbeat import KEEPING, STOPPING, WAITING, Heartbeat, stall_after
+
+    clock = [1000.0]
+    beat = Heartbeat(stall_after=5.0, now=lambda: clock[0])
+    beat.enter(KEEPING)
+    for _ in range(10):  # a loop turning every second stays alive
+        clock[0] += 1.0
+        beat.beat()
+        assert beat.live() == (True, "")
+    clock[0] += 5.7  # stuck in a pass
+    alive, why = beat.live()
+    assert not alive and "no turn for 6s" in why and KEEPING in why, why
+    beat.beat()  # the pass ended
+    assert beat.live()[0]
+    beat.enter(WAITING)  # the node lock held by another install's keeper: however long
+    clock[0] += 3600.0
+    alive, why = beat.live()
+    assert alive and why.startswith(WAITING), why
+    beat.enter(STOPPING)
+    clock[0] += 600.0
+    assert beat.live()[0]
+    # The default limit: many poll intervals, never less than a minute.
+    assert stall_after(1.0) == 60.0 and stall_after(0.2) == 60.0 and stall_after(5.0) == 300.0
+    assert stall_after(1.0, given=3.0) == 3.0
+
+
+def test_a_keeper_stuck_in_a_pass_fails_healthz_and_recovers_when_the_pass_ends(node: Node, plugin_binary,
+                                                                               tmp_root: Path) -> None:
+    """The real keeper, its pass held inside an edit of the conflist (the test pause stands for a hung write):
+    /healthz on the probe listener turns 503 once the loop has not turned for --stall-after, naming why; the
+    same pass ending makes it 200 again. Readiness is another matter and is not touched by this."""
+    node.write("10-calico.conflist", PRIMARY)
+    with running_keeper(node, plugin_binary, tmp_root, "--probe-address=127.0.0.1:0", "--stall-after=1",
+                        "--test-pause=before-replace=6") as keeper:
+        port = probes_port(keeper, tmp_root)
+        wait(lambda: "test pause" in keeper_log(tmp_root), "the pass to stop in its edit", keeper, tmp_root)
+        wait(lambda: get(port, "/healthz")[0] == 503, "/healthz to fail while the pass is stuck", keeper, tmp_root,
+             timeout=5)
+        code, body = get(port, "/healthz")
+        assert code == 503 and "no turn for" in body and "keeping the chain" in body, body
+        assert not node.chained("10-calico.conflist")
+        wait(lambda: node.chained("10-calico.conflist"), "the pass to end", keeper, tmp_root)
+        wait(lambda: get(port, "/healthz")[0] == 200, "/healthz to pass once the loop turns", keeper, tmp_root,
+             timeout=5)
+        for _ in range(10):  # a turning loop stays alive, well past --stall-after
+            assert get(port, "/healthz")[0] == 200
+            time.sleep(0.2)
+
+
+def test_a_keeper_waiting_for_the_node_lock_stays_alive_but_not_ready(node: Node, plugin_binary,
+                                                                     tmp_root: Path) -> None:
+    """Another install's keeper holds the node lock (here the test holds it): the new keeper waits, its
+    probe listener already up. /healthz stays 200 for many times --stall-after (waiting is how a new install
+    takes turns; a restart would only wait again), /readyz stays 503; once the lock is let go the keeper
+    chains the node and turns ready."""
+    from publisher.chain.nodelock import NodeLock
+
+    node.write("10-calico.conflist", PRIMARY)
+    lock_dir = node.spool.parent
+    holder = NodeLock(lock_dir)
+    holder.claim()
+    assert holder.acquire(wait=False)
+    try:
+        with running_keeper(node, plugin_binary, tmp_root, "--probe-address=127.0.0.1:0", "--stall-after=1",
+                            f"--lock-dir={lock_dir}") as keeper:
+            port = probes_port(keeper, tmp_root)
+            wait(lambda: "waiting for the node lock" in keeper_log(tmp_root), "the wait for the lock", keeper,
+                 tmp_root)
+            deadline = time.monotonic() + 4.0  # four times --stall-after
+            while time.monotonic() < deadline:
+                code, body = get(port, "/healthz")
+                assert code == 200 and body.startswith("waiting for the node lock"), (code, body)
+                assert get(port, "/readyz")[0] == 503
+                time.sleep(0.25)
+            assert keeper.poll() is None and not node.chained("10-calico.conflist")
+            holder.release()
+            wait(lambda: node.chained("10-calico.conflist"), "the chain once the lock is the keeper's", keeper,
+                 tmp_root)
+            wait(lambda: get(port, "/readyz")[0] == 200, "ready once chained", keeper, tmp_root)
+            assert get(port, "/healthz")[0] == 200
+    finally:
+        holder.release()

@@ -19,9 +19,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from chartlib import CHART, by_kind, helm, helm_binary, kube_version, one, render
+import cni_plugin
+from chartlib import CHART, by_kind, driver_set, helm, helm_binary, kube_version, one, render
 from deploylib import DRIVER, REPO, netclaim_publisher_bin, python_env
 from kubehelpers import apply_object
+
+VERSION = cni_plugin.__version__
 
 MANAGER = "netclaim-chart-test"
 
@@ -32,7 +35,7 @@ def driver_rule(role: dict) -> dict:
 
 
 def test_helm_lint_passes_with_defaults_and_with_every_toggle() -> None:
-    helm("lint", "--strict", str(CHART), "--kube-version", kube_version())
+    helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), *driver_set())
     helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), "--set", "namespace.create=true", "--set", "metrics.podMonitor.enabled=true",
          "--set", "metrics.serviceMonitor.enabled=true", "--set", "driverName={a.example.com,b.example.com}",
          "--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.dashboard.enabled=true")
@@ -201,6 +204,11 @@ def test_helm_install_and_uninstall_against_the_real_api_server(control_plane, a
         assert ds.spec.template.spec.service_account_name == f"{name}-publisher"
         status = helm("status", release, "--namespace", ns, "-o", "json", kubeconfig=kubeconfig)
         assert json.loads(status.stdout)["info"]["status"] == "deployed"
+        # NOTES as helm shows them after the install: the node-scoped commands, in the release's namespace.
+        notes = helm("get", "notes", release, "--namespace", ns, kubeconfig=kubeconfig).stdout
+        assert (f"kubectl -n {ns} get pods -l app.kubernetes.io/name=netclaim,app.kubernetes.io/instance={release} "
+                "--field-selector spec.nodeName=NODE") in notes, notes
+        assert f"kubectl -n {ns} exec POD -c publisher -- netclaim-publisher status" in notes, notes
     finally:
         helm("uninstall", release, "--namespace", ns, "--wait", "--timeout", "60s", kubeconfig=kubeconfig)
     with pytest.raises(ApiException) as err:
@@ -255,7 +263,7 @@ def test_every_new_value_reaches_the_rendered_objects() -> None:
         assert c["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}, name
         assert c["securityContext"]["allowPrivilegeEscalation"] is False, name
     # The chain keeper's Role names the overridden DaemonSet.
-    [role] = [r for r in by_kind(docs, "Role")]
+    [role] = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-chain-keeper")]
     assert role["rules"][0]["resourceNames"] == ["edge-nc"]
     assert one(render("fullnameOverride=node-net"), "DaemonSet")["metadata"]["name"] == "node-net"
     on_delete = one(render("updateStrategy.type=OnDelete"), "DaemonSet")["spec"]["updateStrategy"]
@@ -307,7 +315,7 @@ def test_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_when_set() -> N
 def test_a_typo_or_bad_value_is_refused(bad: str) -> None:
     for verb in ("template", "lint"):
         args = [verb, *(["x"] if verb == "template" else []), str(CHART), "--kube-version", kube_version(),
-                "--set", bad]
+                *driver_set(), "--set", bad]
         if verb == "lint":
             args.insert(1, "--strict")
         proc = helm(*args, check=False)
@@ -317,7 +325,7 @@ def test_a_typo_or_bad_value_is_refused(bad: str) -> None:
 
 
 def test_lint_strict_passes_with_every_non_default_value() -> None:
-    helm("lint", "--strict", str(CHART), "--kube-version", kube_version(),
+    helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), *driver_set(),
          "--set", "nameOverride=nc", "--set", "fullnameOverride=node-net", "--set", "commonLabels.team=net",
          "--set", "podLabels.tier=node", "--set", "imagePullSecrets[0].name=regcred",
          "--set", "serviceAccount.annotations.owner=net", "--set", "affinity.podAntiAffinity=null",
@@ -334,21 +342,22 @@ def test_chart_label_survives_build_metadata(tmp_root: Path) -> None:
     chart = tmp_root / "netclaim"
     shutil.copytree(CHART, chart)
     meta = chart / "Chart.yaml"
-    meta.write_text(meta.read_text().replace("\nversion: 0.1.0\n", "\nversion: 0.1.0+build.7\n"))
+    meta.write_text(meta.read_text().replace(f"\nversion: {VERSION}\n", f"\nversion: {VERSION}+build.7\n"))
     docs = render(chart=chart)
     label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
     for doc in docs:
         value = doc["metadata"]["labels"]["helm.sh/chart"]
-        assert value == "netclaim-0.1.0_build.7" and label_value.match(value), (doc["kind"], value)
+        assert value == f"netclaim-{VERSION}_build.7" and label_value.match(value), (doc["kind"], value)
 
 
 def test_offline_template_needs_only_the_documented_kube_version() -> None:
     """docs/install.md's offline command renders (helm's built-in default version is older than the chart's floor)."""
     install_md = (REPO / "docs" / "install.md").read_text()
     assert "--kube-version 1.34.0" in install_md
-    proc = helm("template", "netclaim", str(CHART), "--namespace", "netclaim-system", "--kube-version", "1.34.0")
+    proc = helm("template", "netclaim", str(CHART), "--namespace", "netclaim-system", "--kube-version", "1.34.0",
+                *driver_set())
     assert "kind: DaemonSet" in proc.stdout
-    without = helm("template", "netclaim", str(CHART), "--namespace", "netclaim-system", check=False)
+    without = helm("template", "netclaim", str(CHART), "--namespace", "netclaim-system", *driver_set(), check=False)
     assert without.returncode != 0 and "kubeVersion" in without.stderr
 
 
@@ -396,7 +405,7 @@ def test_probe_listeners_bind_the_node_address_only_when_asked_for_shared_loopba
         assert f"--probe-address=$(HOST_IP):{port}" in container["args"], container["args"]
         for kind, spec in ((k, v) for k, v in container.items() if k.endswith("Probe")):
             assert "host" not in spec["httpGet"] and spec["httpGet"]["port"] == port, (name, kind, spec)
-    refused = helm("template", "netclaim", str(CHART), "--kube-version", kube_version(),
+    refused = helm("template", "netclaim", str(CHART), "--kube-version", kube_version(), *driver_set(),
                    "--set", "metrics.probeHost=0.0.0.0", check=False)
     assert refused.returncode != 0 and "probeHost" in refused.stderr, refused.stderr
 
@@ -412,8 +421,8 @@ def test_extra_env_reaches_the_publisher_and_the_chain_keeper_after_the_site_set
 
 def test_a_pinned_digest_and_a_registry_name_the_image_every_container_pulls() -> None:
     digest = "sha256:" + "ab" * 32
-    for sets, image in [((), "netclaim:0.1.0"),
-                        (("image.registry=registry.example.com:5000/platform",), "registry.example.com:5000/platform/netclaim:0.1.0"),
+    for sets, image in [((), f"netclaim:{VERSION}"),
+                        (("image.registry=registry.example.com:5000/platform",), f"registry.example.com:5000/platform/netclaim:{VERSION}"),
                         (("image.registry=registry.example.com", f"image.digest={digest}", "image.tag=ignored"),
                          f"registry.example.com/netclaim@{digest}")]:
         docs = render(*sets)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from chartlib import CHART, helm, kube_version, one, render
+from chartlib import CHART, driver_set, helm, kube_version, one, render
 from deploylib import DRIVER, netclaim_publisher_bin, python_env
 
 SHARED = ["/", "/run", "/var/run", "/var/lib", "/var", "/etc", "/usr", "/opt", "/tmp", "/home", "/root",
@@ -49,7 +49,7 @@ def test_the_defaults_and_a_custom_netclaim_dir_render() -> None:
     paths = {v["name"]: v["hostPath"]["path"] for v in one(docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
              if "hostPath" in v}
     assert (paths["run"], paths["state"]) == ("/run/netclaim-b", "/var/lib/netclaim-b")
-    helm("lint", "--strict", str(CHART), "--kube-version", kube_version(),
+    helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), *driver_set(),
          "--set", "hostPaths.state=/var/lib/netclaim-b")
 
 

@@ -28,7 +28,7 @@ from kubernetes.dynamic import DynamicClient
 from chartlib import by_kind, render
 from deploylib import DRIVER, REPO, netclaim_publisher_bin, python_env, terminate
 from kubehelpers import (OTHER_DRIVER, allocated_claim, apply_object, create_namespace, create_pod, delete_object,
-                         ensure_node, status_devices, token_request)
+                         ensure_node, status_devices, tear_down, token_request)
 from test_rbac_node_scope import metric, publisher_event, send, wait_for
 
 KUBE_PY = REPO / "publisher" / "kube" / "calls.py"
@@ -110,14 +110,15 @@ def test_role_grants_exactly_what_the_code_calls() -> None:
 def chart_rbac(namespace: str, release: str) -> list[dict[str, Any]]:
     docs = render(f"driverName={DRIVER}", release=release, namespace=namespace)
     return [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                                             "RoleBinding", "DaemonSet", "ConfigMap")]
+                                             "RoleBinding", "DaemonSet", "ConfigMap", "ValidatingAdmissionPolicy",
+                                             "ValidatingAdmissionPolicyBinding")]
 
 
 class Publisher:
     """The real netclaim-publisher process, started with KUBECONFIG (not --kubeconfig)."""
 
-    def __init__(self, root: Path, kubeconfig: str) -> None:
-        self.root, self.kubeconfig = root, kubeconfig
+    def __init__(self, root: Path, kubeconfig: str, extra: tuple[str, ...] = ()) -> None:
+        self.root, self.kubeconfig, self.extra = root, kubeconfig, extra
         self.sock = root / "run" / "publisher.sock"
         self.log = root / "publisher.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -128,7 +129,7 @@ class Publisher:
     def start(self) -> None:
         argv = [str(netclaim_publisher_bin()), "run", "--node-name", "node-a", "--socket", str(self.sock),
                 "--state-dir", str(self.root / "state"), "--spool-dir", str(self.root / "spool"),
-                "--metrics-address", f"127.0.0.1:{self.port}", "--resync-interval", "2", "--log-format", "json"]
+                "--metrics-address", f"127.0.0.1:{self.port}", "--resync-interval", "2", "--log-format", "json", *self.extra]
         env = {**python_env(), "KUBECONFIG": self.kubeconfig}
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -178,16 +179,14 @@ def node_a(control_plane, tmp_root: Path) -> Iterator[dict[str, Any]]:
         sa = by_kind(docs, "ServiceAccount")[0]["metadata"]["name"]
         token = token_request(api, ns, sa, node, "Node", seconds=900)
         kubeconfig = control_plane.kubeconfig_for_token(token, tmp_root / "kubeconfig")
-        yield {"api": api, "ns": ns, "docs": docs, "kubeconfig": kubeconfig, "dyn": dyn}
+        # The node's heartbeat Lease, under the chart's Role and admission policy (the DaemonSet's arguments).
+        lease = ("--node-lease-namespace", ns, "--node-lease-prefix", f"netclaim-{sfx}-node-",
+                 "--node-lease-period", "2")
+        yield {"api": api, "ns": ns, "docs": docs, "kubeconfig": kubeconfig, "dyn": dyn, "lease": lease,
+               "lease_name": f"netclaim-{sfx}-node-node-a"}
     finally:
-        for doc in docs:
-            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-                delete_object(dyn, doc)
-        try:
-            client.CoreV1Api(api).delete_namespace(ns)
-        except ApiException:
-            pass
-        api.close()
+        tear_down(api, dyn, ns, docs, lambda kind: kind in ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                                                            "ValidatingAdmissionPolicyBinding"))
 
 
 def own_entry(api: Any, claim: Any) -> list[dict[str, Any]]:
@@ -207,9 +206,13 @@ def test_publisher_whole_life_under_the_shipped_role_has_no_403(node_a, tmp_root
     pod_b = create_pod(api, ns, "web-b", "node-a", claim="claim-b")
     allocated_claim(api, ns, "claim-b", "node-a", pod_b, [
         {"request": "other", "driver": OTHER_DRIVER, "pool": "node-a", "device": "dev0"}])
-    pub = Publisher(tmp_root, node_a["kubeconfig"])
+    pub = Publisher(tmp_root, node_a["kubeconfig"], node_a["lease"])
     pub.start()
     try:
+        # The heartbeat: created, then renewed (every 2 s here).
+        leases = client.CoordinationV1Api(api)
+        renewed = wait_for(lambda: lease_renew_time(leases, ns, node_a["lease_name"]), "the node's Lease")
+        wait_for(lambda: lease_renew_time(leases, ns, node_a["lease_name"]) != renewed, "the Lease renewed")
         # ADD -> applied.
         assert send(str(pub.sock), publisher_event(pod, DRIVER, "nic", "c0ffee01", "eth0", "10.88.9.7/16"))["ok"]
         wait_for(lambda: own_entry(api, claim), "the ADD to be published")
@@ -246,6 +249,15 @@ def test_publisher_whole_life_under_the_shipped_role_has_no_403(node_a, tmp_root
     finally:
         pub.stop()
     assert pub.forbidden() == [], "\n".join(pub.forbidden())
+
+
+def lease_renew_time(leases: Any, namespace: str, name: str) -> Any:
+    try:
+        return leases.read_namespaced_lease(name, namespace).spec.renew_time
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return None
 
 
 def metrics_text(port: int) -> str:
@@ -293,7 +305,7 @@ def test_refused_token_is_no_proof_of_uninstall(node_a) -> None:
     from publisher.chain.ownerwatch import OwnerWatch
 
     kube, calls, ds = keeper_kube(node_a)
-    [binding] = [d for d in by_kind(node_a["docs"], "RoleBinding")]
+    [binding] = [d for d in by_kind(node_a["docs"], "RoleBinding") if d["metadata"]["name"].endswith("-chain-keeper")]
     owner = OwnerWatch(kube, node_a["ns"], ds["metadata"]["name"])
     owner.start()
     try:

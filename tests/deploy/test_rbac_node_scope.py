@@ -29,12 +29,12 @@ from kubehelpers import (
     apply_status,
     create_namespace,
     create_pod,
-    delete_object,
     device_entry,
     ensure_node,
     jwt_claims,
     shipped_rbac,
     status_devices,
+    tear_down,
     token_request,
     token_review,
 )
@@ -79,16 +79,7 @@ def cluster(control_plane) -> Iterator[Cluster]:
         ])
         yield Cluster(ns, nodes, publisher, claim_a, claim_b, {"web-a": pod_a, "web-b": pod_b})
     finally:
-        # Cluster-scoped objects must go; the namespace is left to terminate
-        # (no namespace controller runs here to finish it).
-        for doc in rbac:
-            if doc["kind"] != "ServiceAccount":
-                delete_object(dyn, doc)
-        try:
-            client.CoreV1Api(api).delete_namespace(ns)
-        except ApiException:
-            pass
-        api.close()
+        tear_down(api, dyn, ns, rbac, lambda kind: kind != "ServiceAccount")
 
 
 @pytest.fixture(params=["Pod", "Node"], ids=["pod-bound-token", "node-bound-token"])

@@ -21,11 +21,14 @@
 {{- printf "%s-publisher" (include "netclaim.fullname" .) -}}
 {{- end -}}
 
-{{/* The DRA driver names as a list (driverName may be one string or a list). */}}
+{{/* The DRA driver names as a list (driverName may be one string or a list); no driver: the render fails,
+saying what to set (values.yaml has no default on purpose: a wrong driver would install and report nothing). */}}
 {{- define "netclaim.driverNames" -}}
 {{- $names := .Values.driverName -}}
-{{- if kindIs "string" $names -}}{{- $names = list $names -}}{{- end -}}
-{{- if not $names -}}{{- fail "driverName is required: the DRA driver whose devices netclaim reports" -}}{{- end -}}
+{{- if kindIs "string" $names -}}{{- $names = compact (list $names) -}}{{- end -}}
+{{- if not $names -}}
+{{- fail "driverName is required: set it to the DRA driver name of the network devices netclaim reports, the driver their DeviceClass selects (e.g. --set driverName=nic.acme.io; several: --set 'driverName={a.example.com,b.example.com}')" -}}
+{{- end -}}
 {{- toJson $names -}}
 {{- end -}}
 

@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# Make a release: every artefact an operator installs, with checksums, SBOMs and notes.
+#
+#   scripts/release.sh VERSION [--out DIR] [--allow-dirty]
+#
+# VERSION must be the project's one version (cni_plugin.__version__), the chart's version and
+# appVersion, and have a section "## [VERSION] - DATE" in docs/CHANGELOG.md; anything else is
+# refused before anything is built. A work tree with uncommitted changes is refused too
+# (--allow-dirty: build it anyway; the SBOMs then say so). DIR defaults to dist/VERSION in the
+# repository (dist/ is ignored by git); it is replaced as a whole, and only when it is empty or
+# an earlier release (it holds SHA256SUMS). Written into DIR:
+#
+#   netclaim-VERSION.oci.tar             the image for linux/amd64 and linux/arm64, one image index
+#                                        (scripts/build-image.sh --multi-arch --tag VERSION)
+#   netclaim-VERSION.oci.tar.digest      the index digest, sha256:...
+#   netclaim-VERSION.tgz                 the Helm chart (helm package), values.yaml's image.digest
+#                                        pinned to that digest
+#   netclaim-VERSION-linux-amd64         the static plugin (scripts/build-plugin.sh)
+#   netclaim-VERSION-linux-arm64         the same for arm64 (--arch arm64)
+#   <each of the four>.spdx.json         an SPDX 2.3 SBOM (scripts/build/sbom.py)
+#   RELEASE-NOTES.md                     the version's section of docs/CHANGELOG.md
+#   SHA256SUMS                           `sha256sum -c SHA256SUMS` checks every file above
+#
+# Nothing is fetched here: the image, the plugins and helm come from the caches under
+# ${XDG_CACHE_HOME:-~/.cache}/netclaim/, keyed by their inputs (a cold cache fetches Debian
+# packages and wheels as those scripts do; scripts/build-image.sh asks pip for the publisher's
+# wheels on every run, to hash them, so pip's index or a wheelhouse must answer, e.g.
+# PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR). Reproducible: SOURCE_DATE_EPOCH (default: the commit's
+# date) is every file's mtime, the chart archive's entries' mtime and the SBOMs' creation time;
+# files are listed in sorted order. Run twice from the same commit and caches, it writes the
+# same bytes (the image archive is the cached build of its inputs).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+PY=/usr/bin/python3.11
+VERSION=""
+OUT=""
+ALLOW_DIRTY=0
+
+log() { printf '[release] %s\n' "$*" >&2; }
+die() { printf '[release] error: %s\n' "$*" >&2; exit 1; }
+
+while (($#)); do
+    case "$1" in
+        --out) OUT="${2:?--out needs a value}"; shift 2 ;;
+        --allow-dirty) ALLOW_DIRTY=1; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+        -*) die "unknown argument: $1" ;;
+        *) [[ -z "$VERSION" ]] || die "one VERSION only (got $VERSION and $1)"; VERSION="$1"; shift ;;
+    esac
+done
+[[ -n "$VERSION" ]] || die "usage: $0 VERSION [--out DIR] [--allow-dirty]"
+[[ "$VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.-]+)?$ ]] || die "VERSION must be semantic (1.2.3), not $VERSION"
+OUT="${OUT:-$ROOT/dist/$VERSION}"
+
+# ------------------------------------------------------------------ the version, from one place
+
+check_version() {
+    local package chart app
+    package="$("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import cni_plugin; print(cni_plugin.__version__)' "$ROOT")"
+    chart="$(sed -n 's/^version:[[:space:]]*//p' "$ROOT/conf/helm/netclaim/Chart.yaml" | tr -d "\"'[:space:]")"
+    app="$(sed -n 's/^appVersion:[[:space:]]*//p' "$ROOT/conf/helm/netclaim/Chart.yaml" | tr -d "\"'[:space:]")"
+    [[ "$package" == "$VERSION" ]] || die "cni_plugin.__version__ is $package, not $VERSION (the project's one version: bump it first)"
+    [[ "$chart" == "$VERSION" ]] || die "conf/helm/netclaim/Chart.yaml version is $chart, not $VERSION"
+    [[ "$app" == "$VERSION" ]] || die "conf/helm/netclaim/Chart.yaml appVersion is $app, not $VERSION"
+    grep -Eq "^## \[${VERSION//./\\.}\] - [0-9]{4}-[0-9]{2}-[0-9]{2}\$" "$ROOT/docs/CHANGELOG.md" \
+        || die "docs/CHANGELOG.md has no section \"## [$VERSION] - YYYY-MM-DD\""
+}
+
+# The commit, its date (SOURCE_DATE_EPOCH unless given) and whether the tree differs from it.
+SOURCE=""
+EPOCH=""
+source_facts() {
+    local commit dirty=""
+    git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1 || {
+        [[ -n "${SOURCE_DATE_EPOCH:-}" ]] || die "not a git checkout: set SOURCE_DATE_EPOCH"
+        EPOCH="$SOURCE_DATE_EPOCH"
+        SOURCE="source tree without git metadata"
+        return 0
+    }
+    commit="$(git -C "$ROOT" rev-parse HEAD)"
+    if [[ -n "$(git -C "$ROOT" status --porcelain --untracked-files=normal)" ]]; then
+        ((ALLOW_DIRTY)) || die "the work tree has uncommitted changes (git status); commit them, or --allow-dirty"
+        dirty=" with uncommitted changes"
+        log "warning: building from a work tree with uncommitted changes"
+    fi
+    EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$ROOT" log -1 --format=%ct HEAD)}"
+    SOURCE="built from git commit $commit$dirty"
+}
+
+# ------------------------------------------------------------------ artefacts
+
+index_digest() { # index_digest ARCHIVE: the one image index the archive names
+    tar -xOf "$1" ./index.json | "$PY" -c '
+import json, sys
+[top] = json.load(sys.stdin)["manifests"]
+assert top["mediaType"] == "application/vnd.oci.image.index.v1+json", top["mediaType"]
+print(top["digest"])'
+}
+
+# The chart, its values.yaml pinned to the image index (image.digest), packaged by helm; then the
+# archive rewritten with every entry's mtime at SOURCE_DATE_EPOCH (helm stamps the time of
+# packaging) and a gzip header without a time, entries in helm's order.
+package_chart() {
+    local digest="$1" dest="$2" chart="$WORK/chart/netclaim" packaged
+    mkdir -p "$WORK/chart" "$WORK/helm"
+    cp -a "$ROOT/conf/helm/netclaim" "$chart"
+    "$PY" - "$chart/values.yaml" "$digest" <<'PYEOF'
+import re, sys
+path, digest = sys.argv[1], sys.argv[2]
+text = open(path).read()
+block = re.search(r"^image:\n((?:[ \t].*\n|\n)*)", text, re.M)
+assert block, "values.yaml: no image: block"
+body, n = re.subn(r'^(  digest:)[ \t]*""[ \t]*$', rf'\1 "{digest}"', block.group(1), flags=re.M)
+assert n == 1, f"values.yaml: image.digest found {n} times with an empty value"
+open(path, "w").write(text[:block.start(1)] + body + text[block.end(1):])
+PYEOF
+    packaged="$(helm_ package "$chart" --destination "$WORK/pkg" | sed -n 's/^Successfully packaged chart and saved it to: //p')"
+    [[ -f "$packaged" ]] || die "helm package wrote no chart archive"
+    [[ "$(basename "$packaged")" == "netclaim-$VERSION.tgz" ]] || die "helm package wrote $(basename "$packaged")"
+    "$PY" - "$packaged" "$dest" "$EPOCH" <<'PYEOF'
+import gzip, io, sys, tarfile
+src, dest, epoch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out = io.BytesIO()
+with tarfile.open(src) as tin, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tout:
+    for member in tin.getmembers():
+        data = tin.extractfile(member).read() if member.isfile() else None
+        member.mtime, member.uid, member.gid, member.uname, member.gname = epoch, 0, 0, "", ""
+        member.pax_headers = {}
+        tout.addfile(member, io.BytesIO(data) if data is not None else None)
+with open(dest, "wb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=9) as gz:
+    gz.write(out.getvalue())
+PYEOF
+    # What an operator gets: every container of the packaged chart runs the pinned index.
+    local images
+    images="$(helm_ template netclaim "$dest" --namespace netclaim-system --kube-version 1.34.0 \
+                --set driverName=net.example.com | sed -n 's/^[[:space:]]*image:[[:space:]]*//p' | tr -d "\"'" | sort -u)"
+    [[ "$images" == "netclaim@$digest" ]] || die "the packaged chart renders images [$images], not netclaim@$digest"
+}
+
+helm_() {
+    HELM_CACHE_HOME="$WORK/helm/cache" HELM_CONFIG_HOME="$WORK/helm/config" HELM_DATA_HOME="$WORK/helm/data" \
+        "$HELM" "$@"
+}
+
+# The version's section of the changelog, up to the next version's heading or the link list.
+release_notes() {
+    local digest="$1"
+    "$PY" - "$ROOT/docs/CHANGELOG.md" "$VERSION" "$digest" <<'PYEOF'
+import re, sys
+path, version, digest = sys.argv[1:4]
+lines = open(path).read().splitlines()
+start = next(i for i, line in enumerate(lines) if re.match(rf"## \[{re.escape(version)}\] - ", line))
+end = next((i for i in range(start + 1, len(lines))
+            if lines[i].startswith("## [") or re.match(r"\[[^\]]+\]: ", lines[i])), len(lines))
+date = lines[start].rsplit(" - ", 1)[1]
+body = "\n".join(lines[start + 1:end]).strip()
+print(f"# netclaim {version} ({date})\n\n{body}\n")
+print("## Artefacts\n")
+print(f"- `netclaim-{version}.oci.tar`: the image for linux/amd64 and linux/arm64, image index `{digest}`")
+print(f"- `netclaim-{version}.tgz`: the Helm chart, `image.digest` pinned to `{digest}`")
+print(f"- `netclaim-{version}-linux-amd64`, `netclaim-{version}-linux-arm64`: the static CNI plugin")
+print("- `*.spdx.json`: an SPDX 2.3 SBOM of each; `SHA256SUMS`: `sha256sum -c SHA256SUMS`")
+print("\nInstalling, verifying and pushing a release: docs/install.md, \"Releases\".")
+PYEOF
+}
+
+main() {
+    check_version
+    source_facts
+    local parent image plugin_amd64 plugin_arm64 digest name stage
+    parent="$(dirname "$OUT")"
+    mkdir -p "$parent"
+    if [[ -e "$OUT" ]]; then
+        [[ -d "$OUT" && ( -f "$OUT/SHA256SUMS" || -z "$(ls -A "$OUT")" ) ]] \
+            || die "$OUT exists and is not an earlier release (no SHA256SUMS): give another --out"
+    fi
+    WORK="$(mktemp -d -t netclaim-release.XXXXXX)"
+    STAGE="$(mktemp -d "$parent/.release-$VERSION.XXXXXX")"
+    stage="$STAGE"
+    trap 'rm -rf "$WORK" "$STAGE"' EXIT
+    HELM="${HELM:-$("$HERE/build/components.sh" helm | tail -n 1)}"
+    [[ -x "$HELM" ]] || die "no helm (scripts/build/components.sh helm)"
+
+    log "image (linux/amd64 + linux/arm64), netclaim:$VERSION"
+    # The ordinary builds, whose caches other callers share: without SOURCE_DATE_EPOCH, which
+    # would change what some tools inside write (pip's bytecode) but not the cache key.
+    image="$(env -u SOURCE_DATE_EPOCH "$HERE/build-image.sh" --multi-arch --tag "$VERSION" | tail -n 1)"
+    plugin_amd64="$(env -u SOURCE_DATE_EPOCH "$HERE/build-plugin.sh" | tail -n 1)"
+    plugin_arm64="$(env -u SOURCE_DATE_EPOCH "$HERE/build-plugin.sh" --arch arm64 | tail -n 1)"
+    digest="$(index_digest "$image")"
+    [[ "$digest" =~ ^sha256:[0-9a-f]{64}$ ]] || die "no image index digest in $image"
+
+    name="netclaim-$VERSION"
+    cp "$image" "$stage/$name.oci.tar"
+    printf '%s\n' "$digest" >"$stage/$name.oci.tar.digest"
+    install -m 0755 "$plugin_amd64" "$stage/$name-linux-amd64"
+    install -m 0755 "$plugin_arm64" "$stage/$name-linux-arm64"
+    log "chart, image.digest $digest"
+    package_chart "$digest" "$stage/$name.tgz"
+
+    log "SBOMs"
+    local sbom=("$PY" "$HERE/build/sbom.py") common=(--version "$VERSION" --created "$EPOCH" --source "$SOURCE")
+    "${sbom[@]}" image "$stage/$name.oci.tar" "${common[@]}" --out "$stage/$name.oci.tar.spdx.json"
+    "${sbom[@]}" chart "$stage/$name.tgz" "${common[@]}" --image-digest "$digest" --image-name "$name.oci.tar" \
+        --out "$stage/$name.tgz.spdx.json"
+    local arch bin
+    for arch in amd64 arm64; do
+        if [[ "$arch" == amd64 ]]; then bin="$plugin_amd64"; else bin="$plugin_arm64"; fi
+        [[ -f "$(dirname "$bin")/build-info.txt" ]] || die "$(dirname "$bin")/build-info.txt missing: rebuild the plugin"
+        "${sbom[@]}" plugin "$stage/$name-linux-$arch" "${common[@]}" --arch "$arch" \
+            --build-info "$(dirname "$bin")/build-info.txt" --modules "$(dirname "$bin")/modules.txt" \
+            --out "$stage/$name-linux-$arch.spdx.json"
+    done
+    release_notes "$digest" >"$stage/RELEASE-NOTES.md"
+
+    # Fixed modes and times, then the checksums of every file, in sorted order.
+    find "$stage" -type f -exec chmod 0644 {} +
+    chmod 0755 "$stage" "$stage/$name-linux-amd64" "$stage/$name-linux-arm64"
+    (cd "$stage" && LC_ALL=C ls -1 | LC_ALL=C sort | xargs sha256sum >"$WORK/SHA256SUMS")
+    install -m 0644 "$WORK/SHA256SUMS" "$stage/SHA256SUMS"
+    find "$stage" -exec touch -h -d "@$EPOCH" {} +
+    (cd "$stage" && sha256sum --quiet -c SHA256SUMS) || die "SHA256SUMS does not verify"
+
+    rm -rf "$OUT"
+    mv "$stage" "$OUT"
+    trap 'rm -rf "$WORK"' EXIT
+    log "netclaim $VERSION ($SOURCE): image index $digest"
+    (cd "$OUT" && ls -l >&2)
+    printf '%s\n' "$OUT"
+}
+
+main

@@ -1,0 +1,346 @@
+"""The fleet view: each publisher's heartbeat Lease, and `netclaim-publisher fleet` reading them all.
+
+Unit half: the keeper's status line as the Lease reads it, when a Lease is written (the period,
+a change sooner but spread), how it is written (create, then replace with the resourceVersion;
+a conflict re-reads), and what `fleet` makes of Leases and Nodes (rows, table, JSON, exit codes).
+Real half: a publisher against the real API server writes its Lease, `fleet` shows the node, a
+node without a publisher and a contested conflist fail it, and a stopped publisher turns stale.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from kubernetes import client
+
+from publisher import cli
+from publisher.chain.keeper import KeeperStatus
+from publisher.kube.calls import NotFound, PermanentError, TransientError
+from publisher.observe import fleet as fleetmod
+from publisher.observe.fleet import fleet_rows, row_of, summary, table
+from publisher.observe.nodelease import (ANNOTATION, ChainView, LeaseSettings, NodeLease, NodeState, Sources,
+                                         chain_view, lease_body, micro_time, settings_from)
+
+from publisher_testkit import wait_until
+
+# ---------------------------------------------------------------- the keeper's line
+
+
+@pytest.mark.parametrize("status, chained, conflist, contested", [
+    (KeeperStatus("10-net.conflist", True), "yes", "10-net.conflist", ()),
+    (KeeperStatus("10-net.conflist", False, problem="rewritten right after the keeper's write"), "no",
+     "10-net.conflist", ()),
+    (KeeperStatus("10-net.conflist", False, ("10-net.conflist",), "contested, backing off"), "no", "10-net.conflist",
+     ("10-net.conflist",)),
+    (KeeperStatus("", False, problem="no network config in the conf dir yet"), "no", "", ()),
+    (KeeperStatus(looked=False), "unknown", "", ()),
+])
+def test_the_lease_reads_what_the_keepers_status_line_says(status: KeeperStatus, chained: str, conflist: str,
+                                                           contested: tuple[str, ...]) -> None:
+    view = chain_view(status.line())
+    assert (view.chained, view.conflist, view.contested) == (chained, conflist, contested)
+
+
+# ---------------------------------------------------------------- when and how the Lease is written
+
+
+def state(**kw: Any) -> NodeState:
+    base: dict[str, Any] = dict(chain=ChainView("yes", "10-net.conflist"), pods_unchained=0, backlog=0,
+                                oldest_pending_seconds=0.0, claims=3, attachments=4, apply_errors=0,
+                                last_apply_error=None, ready=True, not_ready_reason="")
+    return NodeState(**(base | kw))
+
+
+class FakeKube:
+    """Leases in a dict, with resourceVersions, and the calls made."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []
+        self.rv = 0
+        self.fail: Exception | None = None
+
+    def purpose(self, _name: str) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def _stored(self, lease: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        lease = json.loads(json.dumps(lease))
+        lease["metadata"]["resourceVersion"] = str(self.rv)
+        self.leases[lease["metadata"]["name"]] = lease
+        return json.loads(json.dumps(lease))
+
+    def get_lease(self, _ns: str, name: str) -> dict[str, Any]:
+        self.calls.append("get")
+        if name not in self.leases:
+            raise NotFound(404, "not found")
+        return json.loads(json.dumps(self.leases[name]))
+
+    def create_lease(self, _ns: str, lease: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("create")
+        if self.fail:
+            raise self.fail
+        return self._stored(lease)
+
+    def update_lease(self, _ns: str, name: str, lease: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("update")
+        if self.fail:
+            raise self.fail
+        if lease["metadata"].get("resourceVersion") != self.leases[name]["metadata"]["resourceVersion"]:
+            raise PermanentError(409, "the object has been modified")
+        return self._stored(lease)
+
+
+def sources(now_state: list[NodeState]) -> Sources:
+    """Sources that say whatever now_state[0] says (the unit tests swap it)."""
+    s = now_state
+    return Sources(
+        journal_depth=lambda: s[0].backlog, oldest_journaled_age=lambda: s[0].oldest_pending_seconds or None,
+        spool_times=lambda: [], claims=lambda: s[0].claims, attachments=lambda: s[0].attachments,
+        claim_states=lambda: ({"ns/c": {"state": "error", "error": "422: no", "updated": 1.0}}
+                              if s[0].apply_errors else {}),
+        pods_unchained=lambda: s[0].pods_unchained, ready=lambda: (s[0].ready, s[0].not_ready_reason),
+        keeper=lambda: s[0].chain)
+
+
+def test_a_lease_is_created_once_then_replaced_with_its_resource_version() -> None:
+    kube, failures = FakeKube(), []
+    lease = NodeLease(kube, LeaseSettings("ns", "node-a", period=60), sources([state()]),  # type: ignore[arg-type]
+                      lambda: failures.append(1))
+    assert lease.write(state(), 100.0) and kube.calls == ["get", "create"]
+    assert lease.write(state(backlog=2), 160.0) and kube.calls[-1] == "update"
+    stored = kube.leases["netclaim-node-node-a"]
+    assert stored["spec"]["holderIdentity"] == "node-a" and stored["spec"]["leaseDurationSeconds"] == 180
+    assert json.loads(stored["metadata"]["annotations"][ANNOTATION])["backlog"] == 2
+    assert stored["metadata"]["labels"]["app.kubernetes.io/component"] == "node-heartbeat"
+    # Someone else wrote it (an earlier run, an operator's annotation): re-read, keep theirs, write ours.
+    kube.leases["netclaim-node-node-a"]["metadata"]["annotations"]["team"] = "net"
+    kube.rv += 1
+    kube.leases["netclaim-node-node-a"]["metadata"]["resourceVersion"] = str(kube.rv)
+    assert lease.write(state(backlog=0), 220.0)
+    assert kube.calls[-3:] == ["update", "get", "update"]
+    assert kube.leases["netclaim-node-node-a"]["metadata"]["annotations"]["team"] == "net"
+    assert failures == []
+
+
+def test_a_failed_write_is_counted_and_tried_again_after_a_backoff() -> None:
+    kube, failures = FakeKube(), []
+    lease = NodeLease(kube, LeaseSettings("ns", "node-a"), sources([state()]),  # type: ignore[arg-type]
+                      lambda: failures.append(1))
+    kube.fail = TransientError(503, "unavailable")
+    assert not lease.write(state(), 100.0)
+    assert failures == [1] and lease.retry_at > 100.0 and lease.last_write is None
+    kube.fail = None
+    assert lease.write(state(), lease.retry_at) and lease.failures == 0
+
+
+def test_a_lease_is_renewed_every_period_and_a_change_sooner_but_not_at_once() -> None:
+    now_state = [state()]
+    lease = NodeLease(FakeKube(), LeaseSettings("ns", "node-a", period=60), sources(now_state))  # type: ignore[arg-type]
+    assert lease.due(0.0, state())  # never written: now
+    lease.last_write, lease.written = 0.0, state().signature()
+    assert not lease.due(30.0, state(backlog=0, claims=9, oldest_pending_seconds=0.0))  # counts wait
+    assert not lease.due(53.9, state()) and lease.due(66.1, state())  # the period, jittered by up to 10 %
+    # Unchained: written after the minimum gap plus a random spread, not at once.
+    lease.last_write = 100.0
+    changed = state(chain=ChainView("no", "10-net.conflist"))
+    assert not lease.due(101.0, changed)
+    assert lease.change_due is not None and 115.0 <= lease.change_due <= 125.0
+    assert lease.due(lease.change_due, changed)
+    # A change that is undone before it was written is not written.
+    lease.change_due = None
+    assert not lease.due(102.0, changed) and not lease.due(103.0, state()) and lease.change_due is None
+
+
+def test_the_lease_carries_the_apply_error_and_what_the_keeper_said() -> None:
+    now = [state(apply_errors=1, chain=ChainView("no", "10-net.conflist", ("10-net.conflist",), "not chained ..."))]
+    kube = FakeKube()
+    lease = NodeLease(kube, LeaseSettings("ns", "node-a"), sources(now))  # type: ignore[arg-type]
+    assert lease.step()
+    doc = json.loads(kube.leases["netclaim-node-node-a"]["metadata"]["annotations"][ANNOTATION])
+    assert doc["chained"] == "no" and doc["contested"] == ["10-net.conflist"]
+    assert doc["applyErrors"] == 1 and doc["lastApplyError"]["claim"] == "ns/c"
+    assert doc["lastApplyError"]["error"] == "422: no" and doc["version"]
+
+
+def test_no_namespace_or_an_impossible_name_keeps_no_lease() -> None:
+    assert settings_from({"node_lease": True}, "node-a", "/some/kubeconfig") is None
+    assert settings_from({"node_lease": False, "node_lease_namespace": "ns"}, "node-a", None) is None
+    assert settings_from({"node_lease": True, "node_lease_namespace": "ns"}, "n" * 250, None) is None
+    cfg = settings_from({"node_lease": True, "node_lease_namespace": "ns", "node_lease_period": 30,
+                         "node_lease_prefix": "nc-node-"}, "node-a", "/some/kubeconfig")
+    assert cfg is not None and (cfg.name, cfg.duration) == ("nc-node-node-a", 90)
+
+
+# ---------------------------------------------------------------- what `fleet` makes of them
+
+
+def a_lease(node: str, age: float, now: float, **doc: Any) -> dict[str, Any]:
+    full = {"chained": "yes", "contested": [], "backlog": 0, "oldestPendingSeconds": 0, "claims": 2,
+            "ready": True, "version": "0.1.0"} | doc
+    return {"metadata": {"name": f"netclaim-node-{node}", "annotations": {ANNOTATION: json.dumps(full)}},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": 180, "renewTime": micro_time(now - age)}}
+
+
+def test_each_node_is_a_row_and_only_the_four_problems_fail() -> None:
+    now = 1_800_000_000.0
+    leases = [a_lease("ok-1", 10, now), a_lease("unchained", 5, now, chained="no", chain="not chained conflist=-"),
+              a_lease("contested", 5, now, chained="no", contested=["10-net.conflist"]),
+              a_lease("stale", 400, now), a_lease("busy", 5, now, backlog=40, oldestPendingSeconds=90),
+              a_lease("systemd", 5, now, chained="unknown"), a_lease("gone", 900, now)]
+    nodes = ["ok-1", "unchained", "contested", "stale", "busy", "systemd", "bare"]
+    rows = {r.node: r for r in fleet_rows(leases, nodes, now)}
+    failing = {n for n, r in rows.items() if r.failing}
+    assert failing == {"unchained", "contested", "stale", "bare"}
+    assert rows["bare"].problems[0].startswith("no publisher")
+    assert rows["stale"].stale and rows["stale"].problems[0].startswith("stale: last heartbeat 7m ago")
+    assert rows["busy"].backlog == 40 and rows["busy"].oldest_pending_seconds == 90
+    assert rows["systemd"].notes == ["chain unknown (no chain keeper answer)"]
+    assert not rows["gone"].failing and rows["gone"].notes[-1].startswith("node gone")
+    # A contested conflist has netclaim out of the chain: that node counts under both.
+    assert summary(list(rows.values())) == {"nodes": 8, "ok": 4, "not_chained": 2, "contested": 1, "stale": 1,
+                                            "no_publisher": 1}
+    # The problems come first in the table.
+    ordered = [r.node for r in fleet_rows(leases, nodes, now)]
+    assert set(ordered[:4]) == failing
+
+
+def test_a_lease_without_renewal_or_state_is_stale_and_unknown() -> None:
+    row = row_of({"metadata": {"name": "netclaim-node-x"}, "spec": {"holderIdentity": "x"}}, time.time())
+    assert row.stale and row.chained == "unknown" and row.heartbeat_age_seconds is None
+    assert row.problems == ["stale: last heartbeat never (publisher down or cut off from the API)"]
+
+
+def test_the_table_has_a_column_for_each_figure() -> None:
+    now = time.time()
+    text = table(fleet_rows([a_lease("node-a", 12, now, backlog=3, oldestPendingSeconds=150)], ["node-a", "node-b"],
+                            now))
+    header, *lines = text.splitlines()
+    assert header.split() == ["NODE", "CHAINED", "CONTESTED", "BACKLOG", "OLDEST", "CLAIMS", "HEARTBEAT", "VERSION",
+                              "PROBLEMS"]
+    assert lines[0].split()[:2] == ["node-b", "-"] and "no publisher" in lines[0]
+    assert lines[1].split()[:8] == ["node-a", "yes", "-", "3", "2m", "2", "12s", "0.1.0"]
+
+
+@pytest.mark.parametrize("leases, code", [(["node-a"], 0), ([], 1)], ids=["all-well", "a-node-without-publisher"])
+def test_fleet_exits_by_the_problems_with_either_output(monkeypatch, leases: list[str], code: int) -> None:
+    now = time.time()
+    monkeypatch.setattr(fleetmod, "client_getter", lambda _kubeconfig: None)
+    monkeypatch.setattr(fleetmod, "read_fleet", lambda *_a: ([a_lease(n, 5, now) for n in leases], ["node-a"]))
+    for output in ("table", "json"):
+        result = CliRunner().invoke(cli.cli, ["fleet", "-o", output])
+        assert result.exit_code == code, result.output
+    doc = json.loads(CliRunner().invoke(cli.cli, ["fleet", "-o", "json"]).output)
+    assert doc["summary"]["nodes"] == 1 and doc["summary"]["ok"] == 1 - code
+
+
+def test_fleet_says_in_one_line_that_it_could_not_ask_and_exits_3(tmp_path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:9'"
+                          ", insecure-skip-tls-verify: true}\nusers:\n- name: u\n  user: {token: t}\ncontexts:\n"
+                          "- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\n")
+    assert cli.main(["fleet", "--kubeconfig", str(kubeconfig)]) == fleetmod.EXIT_API
+
+
+# ---------------------------------------------------------------- the real API server
+
+
+class KeeperStub:
+    """The chain keeper's probe listener: /readyz answers with a status line the test sets."""
+
+    def __init__(self) -> None:
+        self.line = KeeperStatus("10-net.conflist", True).line()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = stub.line.encode()
+                self.send_response(200 if stub.line.startswith("chained") else 503)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_a: Any) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def run_fleet(kubeconfig: str, namespace: str, selector: str) -> tuple[int, dict[str, Any]]:
+    result = CliRunner().invoke(cli.cli, ["fleet", "--kubeconfig", kubeconfig, "-n", namespace, "-l", selector,
+                                          "-o", "json"])
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(result.output)
+
+
+@pytest.mark.controlplane
+def test_a_real_publisher_keeps_its_lease_and_fleet_shows_it_until_it_stops(control_plane, api_client, cluster,
+                                                                             publisher_factory) -> None:
+    core = client.CoreV1Api(api_client)
+    label = f"fleet-{uuid.uuid4().hex[:6]}"
+    node_a, node_b = f"{label}-a", f"{label}-b"
+    for node in (node_a, node_b):
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node,
+                                                                           "labels": {"netclaim-test/fleet": label}}})
+    keeper = KeeperStub()
+    selector = f"netclaim-test/fleet={label}"
+    try:
+        pub = publisher_factory(start=False, extra=["--node-lease-namespace", cluster.namespace,
+                                                    "--node-lease-period", "2", "--keeper-address", keeper.address])
+        pub.node = node_a
+        pub.start()
+
+        def row(node: str) -> dict[str, Any]:
+            code, doc = run_fleet(control_plane.kubeconfig, cluster.namespace, selector)
+            return {"code": code, **next(r for r in doc["nodes"] if r["node"] == node)}
+
+        first = wait_until("the publisher's Lease", lambda: (r := row(node_a))["lease"] and r, timeout=30)
+        assert first["chained"] == "yes" and first["contested"] == [] and not first["stale"]
+        assert first["backlog"] == 0 and first["claims"] == 0 and first["version"]
+        assert first["code"] == 1 and row(node_b)["problems"][0].startswith("no publisher")
+        lease = client.CoordinationV1Api(api_client).read_namespaced_lease(f"netclaim-node-{node_a}",
+                                                                           cluster.namespace)
+        assert lease.spec.holder_identity == node_a and lease.spec.lease_duration_seconds == 6
+        core.delete_node(node_b)
+        wait_until("every selected node to be well", lambda: row(node_a)["code"] == 0, timeout=30)
+
+        keeper.line = KeeperStatus("10-net.conflist", False, ("10-net.conflist",), "contested, backing off").line()
+        contested = wait_until("the contest in the Lease", lambda: (r := row(node_a))["contested"] and r, timeout=30)
+        assert contested["code"] == 1 and contested["chained"] == "no"
+        keeper.line = KeeperStatus("10-net.conflist", True).line()
+        wait_until("the contest to end", lambda: row(node_a)["code"] == 0, timeout=30)
+
+        assert pub.metric("netclaim_node_lease_write_failures_total") == 0
+        assert pub.metric('netclaim_api_requests_by_purpose_total{purpose="node-lease"}') >= 2
+        pub.stop()
+        stale = wait_until("the stopped publisher's Lease to turn stale",
+                           lambda: (r := row(node_a))["stale"] and r, timeout=30)
+        assert stale["code"] == 1 and stale["problems"][0].startswith("stale: last heartbeat")
+        assert "node lease not written" not in pub.logs(), pub.logs()[-3000:]
+    finally:
+        keeper.stop()
+        for node in (node_a, node_b):
+            try:
+                core.delete_node(node)
+            except client.exceptions.ApiException:
+                pass
+
