@@ -18,7 +18,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from runtime.nodechart import build_image, free_port, version
+from runtime.nodechart import build_image, version
 from runtime.realcluster import RealCluster, wait_until
 
 # The name the archive gives the image: fully qualified, so that CRI-O (no short-name search) finds it too.
@@ -92,11 +92,7 @@ def kubectl_reaches_the_node(cluster: RealCluster, ns: str, image: str) -> None:
     assert failed.returncode == 3, failed.stderr
 
     # kubectl port-forward: the file the pod serves
-    local = free_port()
-    forward = subprocess.Popen([cluster.values["NETCLAIM_KUBECTL"], "--kubeconfig", cluster.kubeconfig,
-                                "port-forward", "-n", ns, f"pod/{pod}", f"{local}:{PORT}"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with cluster.port_forward(ns, pod, PORT) as (local, forward):
         def fetch() -> str:  # "" until the forward listens
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{local}/hello.txt", timeout=10) as resp:
@@ -106,9 +102,6 @@ def kubectl_reaches_the_node(cluster: RealCluster, ns: str, image: str) -> None:
                     raise AssertionError(f"kubectl port-forward exited: {forward.communicate()[1]}") from None
                 return ""
         assert wait_until(fetch, f"port-forward to {pod}", timeout=30) == text
-    finally:
-        forward.terminate()
-        forward.wait(timeout=10)
 
     # the node proxy: kube-apiserver -> the kubelet's own endpoints
     assert cluster.kubectl("get", "--raw", f"/api/v1/nodes/{cluster.node}/proxy/healthz").strip() == "ok"

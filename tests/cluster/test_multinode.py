@@ -39,7 +39,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from multinode_kit import (
-    APP_IMAGE, NAMESPACE, PYTHON, Sampler, claim_of, claims, daemonset_pods, deployment, free_port, host_traces,
+    APP_IMAGE, NAMESPACE, PYTHON, Sampler, claim_of, claims, daemonset_pods, deployment, host_traces,
     icmp_echo, install, install_everywhere, live_pods, ready_pods, stale_entries, wait_statuses,
 )
 from runtime.controlplane import api_client
@@ -128,20 +128,13 @@ def test_logs_exec_port_forward_and_pod_to_pod_on_every_node(mn: MultiNode, ns: 
         assert f"serving on {node.name}" in logs
         out = cluster.kubectl("exec", "-n", ns, pod, "--", PYTHON, "-c", "import socket; print(socket.gethostname())")
         assert out.strip() == pod
-        port = free_port()
-        forward = subprocess.Popen([cluster.values["NETCLAIM_KUBECTL"], "--kubeconfig", cluster.kubeconfig,
-                                    "port-forward", "-n", ns, f"pod/{pod}", f"{port}:8080"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        with cluster.port_forward(ns, pod, 8080) as (port, _):
             def get() -> str:  # "" until the forward listens
                 proc = subprocess.run(["curl", "-fsS", "-o", "/dev/null", "-w", "%{http_code}",
                                        f"http://127.0.0.1:{port}/"], capture_output=True, text=True, timeout=10)
                 return proc.stdout if proc.returncode == 0 else ""
             got = wait_until(get, f"port-forward to {pod}", timeout=30)
             assert got == "200"
-        finally:
-            forward.terminate()
-            forward.wait(timeout=10)
     # Pods on different nodes reach each other (ICMP echo), through their bridges and the host's routes.
     ips = {n.index: cluster.pod_ip(ns, f"web{n.index}") for n in cluster.nodes}
     for node in cluster.nodes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,32 @@ DRIVER = "net.example.com"
 # demo and these tests alike.
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
 from runtime.procs import terminate  # noqa: E402,F401
+
+
+class Looker:
+    """Looks at something every `every` seconds in a thread of its own while a `with` block runs: what
+    the test does in the block (a rollout, a fault) must never show, so the look records what it saw."""
+
+    every = 0.5
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def look(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.every):
+            self.look()
+
+    def __enter__(self) -> Looker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def suffix() -> str:

@@ -32,7 +32,7 @@ import pytest
 import cni_plugin
 from publisher.chain.nodefiles import cached_users
 from chartlib import CHART, helm
-from deploylib import REPO, own_cluster
+from deploylib import REPO, Looker, own_cluster
 
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
 from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until  # noqa: E402
@@ -228,32 +228,22 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
 # ---------------------------------------------------------------- uninstall only on proof
 
 
-class ChainWatch:
+class ChainWatch(Looker):
     """Looks at the node every 50 ms while the test hurts the keeper: was netclaim ever out of the chain,
     was the plugin ever missing? (What a pod started at that moment would have suffered.)"""
 
-    def __init__(self, files: NodeFiles) -> None:
-        import threading
+    every = 0.05
 
+    def __init__(self, files: NodeFiles) -> None:
+        super().__init__()
         self.files = files
         self.lapses: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self.stop.wait(0.05):
-            if not self.files.chained(self.files.conflist):
-                self.lapses.append("netclaim out of the primary conflist")
-            if not (self.files.bin / "netclaim").is_file():
-                self.lapses.append("plugin executable missing")
-
-    def __enter__(self) -> "ChainWatch":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join()
+    def look(self) -> None:
+        if not self.files.chained(self.files.conflist):
+            self.lapses.append("netclaim out of the primary conflist")
+        if not (self.files.bin / "netclaim").is_file():
+            self.lapses.append("plugin executable missing")
 
 
 def keeper_container(cluster: RealCluster) -> str:

@@ -49,7 +49,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from chartlib import CHART, helm
-from deploylib import REPO, own_cluster
+from deploylib import REPO, Looker, own_cluster
 from test_daemonset_cluster import (NAMESPACE, NEXT, RELEASE, VERSION, NodeFiles, daemonset_pod, free_port,
                                     helm_values, uninstall_release)
 from test_daemonset_cluster import images  # noqa: F401 - the fixture: both tags built, imported into this cluster
@@ -279,31 +279,23 @@ def write_projected(volume: Path, key: str, value: str) -> None:
 # ---------------------------------------------------------------- faults on the node
 
 
-class PodCount:
+class PodCount(Looker):
     """The most netclaim pods the node ran at once while the block ran (a surge runs two)."""
 
+    every = 0.2
+
     def __init__(self, cluster: RealCluster) -> None:
+        super().__init__()
         self.core = client.CoreV1Api(api_client(cluster.kubeconfig))
         self.most = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
 
-    def run(self) -> None:
-        while not self.stop.wait(0.2):
-            try:
-                pods = self.core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=netclaim",
-                                                     _request_timeout=5).items
-            except Exception:  # noqa: BLE001 - the next look
-                continue
-            self.most = max(self.most, len([p for p in pods if p.status.phase in ("Pending", "Running")]))
-
-    def __enter__(self) -> "PodCount":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join()
+    def look(self) -> None:
+        try:
+            pods = self.core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=netclaim",
+                                                 _request_timeout=5).items
+        except Exception:  # noqa: BLE001 - the next look
+            return
+        self.most = max(self.most, len([p for p in pods if p.status.phase in ("Pending", "Running")]))
 
 
 def publisher_pid(cluster: RealCluster) -> int:

@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,7 +48,7 @@ import yaml
 import cni_plugin
 from publisher.journal.schema import SCHEMA_VERSION
 from chartlib import helm, render
-from deploylib import REPO, netclaim_publisher_bin, own_cluster, python_env
+from deploylib import REPO, Looker, netclaim_publisher_bin, own_cluster, python_env
 from test_daemonset_cluster import NAMESPACE, RELEASE, NodeFiles, daemonset_pod, free_port, uninstall_release
 
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
@@ -413,39 +412,31 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> Previous:
     return Previous(tree, Path(proc.stdout.strip().splitlines()[-1]))
 
 
-class EntryWatch:
+class EntryWatch(Looker):
     """Reads the claims every half second while the release changes under them: is an entry ever gone,
     doubled, or different from what it was before the upgrade?"""
 
+    every = 0.5
+
     def __init__(self, cluster: RealCluster, ns: str, before: dict[str, dict[str, Any]]) -> None:
+        super().__init__()
         self.cluster, self.ns, self.before = cluster, ns, before
         self.lapses: list[str] = []
         self.reads = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self.stop.wait(0.5):
-            for name, entry in self.before.items():
-                try:
-                    now = entries_of(self.cluster.claim_yaml(self.ns, f"{name}-net"), self.cluster.driver)
-                except Exception as exc:  # an API hiccup is no lapse of the entry
-                    print(f"claim read failed: {exc}")
-                    continue
-                self.reads += 1
-                if len(now) != 1:
-                    self.lapses.append(f"{name}: {len(now)} entries")
-                elif (now[0]["networkData"] != entry["networkData"] or ready_status(now[0]) != "True"
-                      or now[0]["data"]["containerID"] != entry["data"]["containerID"]):
-                    self.lapses.append(f"{name}: entry changed to {now[0]}")
-
-    def __enter__(self) -> "EntryWatch":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join()
+    def look(self) -> None:
+        for name, entry in self.before.items():
+            try:
+                now = entries_of(self.cluster.claim_yaml(self.ns, f"{name}-net"), self.cluster.driver)
+            except Exception as exc:  # an API hiccup is no lapse of the entry
+                print(f"claim read failed: {exc}")
+                continue
+            self.reads += 1
+            if len(now) != 1:
+                self.lapses.append(f"{name}: {len(now)} entries")
+            elif (now[0]["networkData"] != entry["networkData"] or ready_status(now[0]) != "True"
+                  or now[0]["data"]["containerID"] != entry["data"]["containerID"]):
+                self.lapses.append(f"{name}: entry changed to {now[0]}")
 
 
 def publisher_status(files: NodeFiles) -> dict[str, Any]:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from .realcluster import ClusterError, RealCluster
+from .realcluster import ClusterError, RealCluster, free_port  # noqa: F401  (free_port: for the tests)
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "conf" / "helm" / "netclaim"
@@ -31,12 +30,6 @@ def version() -> str:
     import cni_plugin
 
     return cni_plugin.__version__
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_image(tag: str = "") -> str:

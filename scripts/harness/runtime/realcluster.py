@@ -10,11 +10,14 @@ the rest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -59,6 +62,12 @@ class Interface:
     name: str
     mac: str
     cidrs: list[str]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass
@@ -130,6 +139,20 @@ class RealCluster:
         if check and proc.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout
+
+    @contextlib.contextmanager
+    def port_forward(self, namespace: str, pod: str, port: int) -> Iterator[tuple[int, subprocess.Popen]]:
+        """`kubectl port-forward` to the pod's `port` while the block runs: the local port and the process
+        (which has not necessarily started listening yet)."""
+        local = free_port()
+        proc = subprocess.Popen([self.values["NETCLAIM_KUBECTL"], "--kubeconfig", self.kubeconfig, "port-forward",
+                                 "-n", namespace, f"pod/{pod}", f"{local}:{port}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            yield local, proc
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
 
     def apply(self, *docs: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
