@@ -22,13 +22,12 @@
 #   SHA256SUMS                           `sha256sum -c SHA256SUMS` checks every file above
 #
 # Nothing is fetched here: the image, the plugins and helm come from the caches under
-# ${XDG_CACHE_HOME:-~/.cache}/netclaim/, keyed by their inputs (a cold cache fetches Debian
-# packages and wheels as those scripts do; scripts/build-image.sh asks pip for the publisher's
-# wheels on every run, to hash them, so pip's index or a wheelhouse must answer, e.g.
-# PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR). Reproducible: SOURCE_DATE_EPOCH (default: the commit's
-# date) is every file's mtime, the chart archive's entries' mtime and the SBOMs' creation time;
-# files are listed in sorted order. Run twice from the same commit and caches, it writes the
-# same bytes (the image archive is the cached build of its inputs).
+# ${XDG_CACHE_HOME:-~/.cache}/netclaim/, keyed by their inputs (a cold image cache builds the
+# image from conf/image/*.lock and the package store, offline once the store holds them; see
+# scripts/build-image.sh). Reproducible: SOURCE_DATE_EPOCH (default: the commit's date) is every
+# file's mtime, the chart archive's entries' mtime and the SBOMs' creation time; files are listed
+# in sorted order. Run twice from the same commit, it writes the same bytes; the image's own
+# times are its lock's, so a cold rebuild of the image gives the same digest too.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
