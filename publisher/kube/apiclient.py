@@ -9,7 +9,9 @@ credential forms a node agent is given, a kubeconfig (token, tokenFile or
 client certificate) or the projected service-account token, and talks to the
 API server with urllib3 alone. What a node agent is never given is refused
 with a clear error instead of half-supported: exec plugins, auth providers,
-basic auth, proxies.
+basic auth, proxies. (The one exception is an operator's command: `fleet` runs on a
+laptop with a managed cluster's kubeconfig and may run its exec plugin once,
+publisher/kube/execcred.py.)
 
 Whom the client trusts is exactly what the kubeconfig names, as client-go
 reads it, and stricter where client-go is lax:
@@ -159,9 +161,10 @@ def _load_yaml(path: str) -> dict[str, Any]:
     return doc
 
 
-def from_kubeconfig(kubeconfig: str) -> Endpoint:
+def from_kubeconfig(kubeconfig: str, allow_exec: bool = False) -> Endpoint:
     """The current context of a kubeconfig (KUBECONFIG may list several files: the first file that
-    sets current-context decides it; clusters and users are looked up in every file, first wins)."""
+    sets current-context decides it; clusters and users are looked up in every file, first wins).
+    `allow_exec`: run the user's exec plugin once for its credential (operators' commands only)."""
     docs = [(p, _load_yaml(p)) for p in kubeconfig.split(os.pathsep) if p]
     if not docs:
         raise ConfigError("no kubeconfig file given")
@@ -181,7 +184,7 @@ def from_kubeconfig(kubeconfig: str) -> Endpoint:
     cluster, cluster_base = lookup("cluster", context.get("cluster", ""))
     user, user_base = lookup("user", context.get("user", "")) if context.get("user") else ({}, "")
     for unsupported in ("exec", "auth-provider", "username", "password"):
-        if user.get(unsupported):
+        if user.get(unsupported) and not (unsupported == "exec" and allow_exec):
             raise ConfigError(f"user {context.get('user')!r}: {unsupported} is not supported by netclaim-publisher; "
                               "give it a token, tokenFile or client certificate")
     if cluster.get("proxy-url"):
@@ -194,11 +197,23 @@ def from_kubeconfig(kubeconfig: str) -> Endpoint:
     if insecure and ca_named:
         raise ConfigError(f"cluster {context.get('cluster')!r}: insecure-skip-tls-verify and {ca_named[0]} are both "
                           "set; one of them is a mistake (verify with the CA, or skip verification, not both)")
-    return Endpoint(server=server, ca_pem=_data_or_file(cluster, "certificate-authority", cluster_base),
-                    insecure=insecure, tls_server_name=str(cluster.get("tls-server-name") or ""),
-                    cert_pem=_data_or_file(user, "client-certificate", user_base),
-                    key_pem=_data_or_file(user, "client-key", user_base),
-                    token=_token(user, str(context.get("user") or ""), user_base))
+    ca_pem = _data_or_file(cluster, "certificate-authority", cluster_base)
+    user_name = str(context.get("user") or "")
+    cert_pem, key_pem = _data_or_file(user, "client-certificate", user_base), _data_or_file(user, "client-key", user_base)
+    token = _token(user, user_name, user_base)
+    if allow_exec and isinstance(user.get("exec"), dict):
+        from publisher.kube import execcred
+
+        try:
+            cred = execcred.run(user["exec"], user_name, cluster, ca_pem)
+        except execcred.ExecError as exc:
+            raise ConfigError(str(exc)) from None
+        token = checked_token(cred.token, f"user {user_name!r} exec plugin's token") if cred.token else token
+        if cred.cert_pem:
+            cert_pem, key_pem = cred.cert_pem, cred.key_pem
+    return Endpoint(server=server, ca_pem=ca_pem, insecure=insecure,
+                    tls_server_name=str(cluster.get("tls-server-name") or ""),
+                    cert_pem=cert_pem, key_pem=key_pem, token=token)
 
 
 def in_cluster(directory: str = IN_CLUSTER_DIR) -> Endpoint:
@@ -330,6 +345,6 @@ class ApiClient:
         self.pool.close()
 
 
-def load(kubeconfig: str | None, pool_size: int = 8) -> ApiClient:
+def load(kubeconfig: str | None, pool_size: int = 8, allow_exec: bool = False) -> ApiClient:
     """The client for a kubeconfig (a path, or several joined like KUBECONFIG), else the in-cluster account."""
-    return ApiClient(from_kubeconfig(kubeconfig) if kubeconfig else in_cluster(), pool_size)
+    return ApiClient(from_kubeconfig(kubeconfig, allow_exec) if kubeconfig else in_cluster(), pool_size)

@@ -12,7 +12,8 @@ Two requests for the whole cluster: Leases by label, Nodes as metadata only (a P
 list: a 5,000-node list of full Node objects would be hundreds of MB). Both are paged. The operator's
 own RBAC needs list on leases in the namespace and on nodes; the publishers' service account has
 neither. The client is the publisher's (publisher/kube/apiclient.py): a kubeconfig with a token,
-`tokenFile` or client certificate; an exec plugin is refused (use `kubectl create token` for one).
+`tokenFile` or client certificate, or an exec credential plugin (run once, as kubectl runs it:
+the kubeconfigs of managed clusters name one).
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def client_getter(kubeconfig: str | None) -> Callable[[str, list[tuple[str, str]
 
     path = kubeconfig or os.path.expanduser("~/.kube/config")
     try:
-        client = load(path, 2)
+        client = load(path, 2, allow_exec=True)
     except (ConfigError, OSError, ValueError) as exc:
         raise ApiUnavailable(f"kubeconfig {path}: {' '.join(str(exc).split())}") from None
 
