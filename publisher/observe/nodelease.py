@@ -42,7 +42,7 @@ import re
 import threading
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -189,6 +189,10 @@ class LeaseSettings:
     prefix: str = limits.NODE_LEASE_PREFIX
     period: float = limits.NODE_LEASE_PERIOD
     keeper_address: str = ""
+    # The publisher's pod (name, uid) when the Lease is in the pod's own namespace: the Lease's
+    # owner, so the garbage collector deletes it with the pod (a deleted node's pods are deleted,
+    # an uninstall deletes the DaemonSet's), and no Lease outlives what it reports on.
+    owner: tuple[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -215,6 +219,10 @@ def lease_body(cfg: LeaseSettings, state: NodeState, now: float, acquired: float
     meta["labels"] = {**(meta.get("labels") or {}), **LABELS}
     meta["annotations"] = {**(meta.get("annotations") or {}),
                            ANNOTATION: json.dumps(state.document(), separators=(",", ":"), sort_keys=True)}
+    if cfg.owner:
+        others = [r for r in meta.get("ownerReferences") or [] if r.get("kind") != "Pod"]
+        meta["ownerReferences"] = others + [{"apiVersion": "v1", "kind": "Pod", "name": cfg.owner[0],
+                                             "uid": cfg.owner[1]}]
     spec = lease.setdefault("spec", {})
     spec.update(holderIdentity=cfg.node, leaseDurationSeconds=cfg.duration, renewTime=micro_time(now),
                 acquireTime=spec.get("acquireTime") or micro_time(acquired))
@@ -286,6 +294,13 @@ class NodeLease:
                 self.current = self.put(state)
         except ApiError as exc:
             self.current = None if exc.code in (404, 409) else self.current
+            if exc.code == 403 and self.cfg.owner and "ownerref" in str(exc).lower().replace(" ", ""):
+                # A cluster that enforces owner-reference permissions (delete on the object) refuses
+                # the owner; a heartbeat without one beats none: write it plain from now on.
+                logs.get().warning("node lease written without its pod as owner", extra={
+                    "lease": self.cfg.name, "error": str(exc)[:300]})
+                self.cfg = replace(self.cfg, owner=None)
+                return self.write(state, now)
             self.failed()
             self.failures += 1
             self.retry_at = now + min(self.cfg.period, limits.NODE_LEASE_LOOK * 2 ** min(self.failures, 6))
@@ -348,6 +363,11 @@ def options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--node-lease-prefix", envvar="NETCLAIM_NODE_LEASE_PREFIX", show_envvar=True,
                      default=limits.NODE_LEASE_PREFIX, show_default=True,
                      help="The Lease's name is this followed by the node name (the chart: <release>-node-)."),
+        click.option("--pod-name", "pod_name", envvar="NETCLAIM_POD_NAME", show_envvar=True, default="",
+                     help="This publisher's pod (the chart: the downward API); with --pod-uid it owns the Lease, "
+                          "so the Lease goes with the pod (a deleted node, an uninstall)."),
+        click.option("--pod-uid", "pod_uid", envvar="NETCLAIM_POD_UID", show_envvar=True, default="",
+                     help="The uid of --pod-name."),
         click.option("--keeper-address", envvar="NETCLAIM_KEEPER_ADDRESS", show_envvar=True, default="",
                      callback=_address, help="HOST:PORT of the chain keeper's /readyz on this node (the chart: its "
                                              "probe listener), read for the Lease's chained and contested; "
@@ -370,6 +390,20 @@ def pod_namespace(directory: str = "") -> str:
         return ""
 
 
+def owner_of(given: dict[str, Any], namespace: str) -> tuple[str, str] | None:
+    """The pod that owns the Lease, only when it is in the Lease's namespace: an owner reference
+    to an object of another namespace reads as an owner that does not exist, and the garbage
+    collector would delete the Lease at once."""
+    name, uid = given.get("pod_name") or "", given.get("pod_uid") or ""
+    if not (name and uid):
+        return None
+    if pod_namespace() != namespace:
+        logs.get().info("node lease has no owner: the pod is not in the Lease's namespace",
+                        extra={"lease_namespace": namespace})
+        return None
+    return name, uid
+
+
 def settings_from(given: dict[str, Any], node: str, kubeconfig: str | None) -> LeaseSettings | None:
     """The heartbeat's settings from `run`'s options, or None (off, said once in the log)."""
     log = logs.get()
@@ -382,7 +416,7 @@ def settings_from(given: dict[str, Any], node: str, kubeconfig: str | None) -> L
         return None
     cfg = LeaseSettings(namespace, node, given.get("node_lease_prefix") or limits.NODE_LEASE_PREFIX,
                         float(given.get("node_lease_period") or limits.NODE_LEASE_PERIOD),
-                        given.get("keeper_address") or "")
+                        given.get("keeper_address") or "", owner_of(given, namespace))
     if len(cfg.name) > 253 or not _DNS_SUBDOMAIN.match(cfg.name):
         log.warning("node lease off: its name is no valid object name", extra={"lease": cfg.name[:300]})
         return None

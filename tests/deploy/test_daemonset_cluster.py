@@ -147,6 +147,13 @@ def pod_gets_status(cluster: RealCluster, ns: str, name: str) -> dict[str, Any]:
     return wait_until(entry, f"the status of {ns}/{name}-net", timeout=90)
 
 
+def heartbeat_owners(cluster: RealCluster) -> list[list[str]]:
+    """The owner uids of each of the release namespace's heartbeat Leases."""
+    leases = json.loads(cluster.kubectl("get", "leases", "-n", NAMESPACE, "-l",
+                                        "app.kubernetes.io/component=node-heartbeat", "-o", "json"))["items"]
+    return [[r["uid"] for r in lease["metadata"].get("ownerReferences") or []] for lease in leases]
+
+
 def daemonset_pod(cluster: RealCluster) -> dict[str, Any]:
     pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=netclaim",
                                       "-o", "json"))["items"]
@@ -172,6 +179,8 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
         assert first_pod["metadata"]["labels"]["tier"] == "node"
         assert first_pod["metadata"]["labels"]["netclaim-test"] == "cluster"
         a = pod_gets_status(cluster, ns, "a")
+        # The node's heartbeat Lease is owned by the publisher's pod: it goes with the pod.
+        wait_until(lambda: heartbeat_owners(cluster) == [[first_uid]], "the heartbeat Lease owned by the pod")
 
         # Calico-style: the primary's installer rewrites its file in place, without netclaim.
         files.conflist.write_bytes(before["conf"][files.conflist.name])
@@ -207,6 +216,8 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
         for name in ("a", "b", "c"):
             assert entries_of(cluster.claim_yaml(ns, f"{name}-net"), cluster.driver), name
         assert pod_gets_status(cluster, ns, "d")["networkData"]["ips"]
+        wait_until(lambda: heartbeat_owners(cluster) == [[new["metadata"]["uid"]]],
+                   "the upgraded pod to own the heartbeat Lease", timeout=120)
         assert a["networkData"]["ips"] == entries_of(cluster.claim_yaml(ns, "a-net"), cluster.driver)[0][
             "networkData"]["ips"]
     finally:
@@ -216,7 +227,9 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
         keeper_said = uninstall_release(cluster, kubeconfig, 3000)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
-    # Uninstall left the node as it was before the install.
+    # Uninstall left nothing of the release in the API (the Lease went with its pod) and the node as
+    # it was before the install.
+    wait_until(lambda: heartbeat_owners(cluster) == [], "the heartbeat Lease to go with the pod", timeout=120)
     after = files.snapshot()
     assert after["bin"] == before["bin"], keeper_said
     assert after["conf"].keys() == before["conf"].keys()

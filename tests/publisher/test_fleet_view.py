@@ -24,6 +24,7 @@ from publisher import cli
 from publisher.chain.keeper import KeeperStatus
 from publisher.kube.calls import NotFound, PermanentError, TransientError
 from publisher.observe import fleet as fleetmod
+from publisher.observe import nodelease as nodelease_mod
 from publisher.observe.fleet import fleet_rows, row_of, summary, table
 from publisher.observe.nodelease import (ANNOTATION, ChainView, LeaseSettings, NodeLease, NodeState, Sources,
                                          chain_view, lease_body, micro_time, settings_from)
@@ -179,6 +180,51 @@ def test_no_namespace_or_an_impossible_name_keeps_no_lease() -> None:
     cfg = settings_from({"node_lease": True, "node_lease_namespace": "ns", "node_lease_period": 30,
                          "node_lease_prefix": "nc-node-"}, "node-a", "/some/kubeconfig")
     assert cfg is not None and (cfg.name, cfg.duration) == ("nc-node-node-a", 90)
+
+
+def test_the_pod_owns_its_lease_only_in_its_own_namespace(monkeypatch) -> None:
+    monkeypatch.setattr(nodelease_mod, "pod_namespace", lambda: "netclaim")
+    given = {"node_lease": True, "node_lease_namespace": "netclaim", "pod_name": "netclaim-x7", "pod_uid": "u-1"}
+    cfg = settings_from(given, "node-a", None)
+    assert cfg is not None and cfg.owner == ("netclaim-x7", "u-1")
+    # Another namespace: an owner there would read as missing and the Lease be deleted at once.
+    assert settings_from({**given, "node_lease_namespace": "elsewhere"}, "node-a", None).owner is None
+    assert settings_from({**given, "pod_uid": ""}, "node-a", None).owner is None
+
+    kube = FakeKube()
+    lease = NodeLease(kube, cfg, sources([state()]))  # type: ignore[arg-type]
+    assert lease.write(state(), 100.0)
+    stored = kube.leases["netclaim-node-node-a"]
+    assert stored["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "netclaim-x7",
+                                                      "uid": "u-1"}]
+    # A new pod (an upgrade) takes it over; an owner someone else added stays.
+    stored["metadata"]["ownerReferences"].append({"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "c"})
+    kube.rv += 1
+    stored["metadata"]["resourceVersion"] = str(kube.rv)
+    lease.cfg = LeaseSettings("netclaim", "node-a", period=60, owner=("netclaim-b2", "u-2"))
+    assert lease.write(state(backlog=1), 200.0)
+    refs = kube.leases["netclaim-node-node-a"]["metadata"]["ownerReferences"]
+    assert [(r["kind"], r["uid"]) for r in refs] == [("ConfigMap", "c"), ("Pod", "u-2")]
+
+
+class OwnerRefusingKube(FakeKube):
+    """A cluster that enforces owner-reference permissions: no delete on Leases, no owner."""
+
+    def create_lease(self, ns: str, lease: dict[str, Any]) -> dict[str, Any]:
+        if lease["metadata"].get("ownerReferences"):
+            self.calls.append("create")
+            raise PermanentError(403, 'leases "netclaim-node-node-a" is forbidden: cannot set an ownerRef on a '
+                                      "resource you can't delete")
+        return super().create_lease(ns, lease)
+
+
+def test_a_cluster_that_refuses_the_owner_still_gets_the_heartbeat() -> None:
+    kube, failures = OwnerRefusingKube(), []
+    cfg = LeaseSettings("netclaim", "node-a", period=60, owner=("netclaim-x7", "u-1"))
+    lease = NodeLease(kube, cfg, sources([state()]), lambda: failures.append(1))  # type: ignore[arg-type]
+    assert lease.write(state(), 100.0)
+    assert "ownerReferences" not in kube.leases["netclaim-node-node-a"]["metadata"] and failures == []
+    assert lease.write(state(backlog=3), 200.0) and kube.calls[-1] == "update"
 
 
 # ---------------------------------------------------------------- what `fleet` makes of them
