@@ -39,6 +39,18 @@ DEFAULT_HANDOFF_WAIT_MS = 3000
 DEFAULT_SPOOL_MAX_FILES = 1024
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 FAILURE_POLICIES = ("Ignore", "Fail")
+# The entry's top-level settings an installer writes from KEY=VALUE text (the chain keeper, the
+# one-shot installer's conflist editor), by the JSON type the plugin reads each as. parse_netconf
+# takes its integer ranges from here and the installers type their values by it
+# (publisher/chain/conflist.py build_entry): a JSON string where an integer belongs is refused by
+# the plugin (ADD error 7 on every pod start), so the two must never disagree.
+STRING_SETTINGS = ("driverName", "request", "socketPath", "spoolDir", "stateDir", "logFile", "failurePolicy")
+INT_SETTINGS = {  # key: (lowest, highest) accepted
+    "ackTimeoutMs": (1, 60000),
+    "handoffWaitMs": (0, 60000),
+    "spoolMaxFiles": (1, 1 << 24),
+    "spoolMaxBytes": (4096, 1 << 40),
+}
 # Left next to the executable by the chain keeper when it uninstalls netclaim but must keep the
 # executable for sandboxes whose runtime tears down with a cached config that runs it.
 RETIRED_MARKER = ".netclaim-retired"
@@ -335,6 +347,12 @@ def _int(block: dict[str, Any], key: str, field: str, lo: int, hi: int) -> int |
     return value
 
 
+def _setting(raw: dict[str, Any], key: str) -> int | None:
+    """An integer setting of INT_SETTINGS, checked against its range (None when absent)."""
+    lo, hi = INT_SETTINGS[key]
+    return _int(raw, key, key, lo, hi)
+
+
 def parse_mac(value: object, field: str) -> str:
     """A unicast 6-octet MAC, returned lower case with colons."""
     if not isinstance(value, str):
@@ -473,14 +491,14 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
     if policy not in FAILURE_POLICIES:
         raise config_error("failurePolicy", f"must be one of {', '.join(FAILURE_POLICIES)}, not {policy!r}")
     conf.failure_policy = policy
-    timeout = _int(raw, "ackTimeoutMs", "ackTimeoutMs", 1, 60000)
+    timeout = _setting(raw, "ackTimeoutMs")
     if timeout is not None:
         conf.ack_timeout = timeout / 1000
-    wait = _int(raw, "handoffWaitMs", "handoffWaitMs", 0, 60000)
+    wait = _setting(raw, "handoffWaitMs")
     if wait is not None:
         conf.handoff_wait = wait / 1000
-    conf.spool_max_files = _int(raw, "spoolMaxFiles", "spoolMaxFiles", 1, 1 << 24) or DEFAULT_SPOOL_MAX_FILES
-    conf.spool_max_bytes = _int(raw, "spoolMaxBytes", "spoolMaxBytes", 4096, 1 << 40) or DEFAULT_SPOOL_MAX_BYTES
+    conf.spool_max_files = _setting(raw, "spoolMaxFiles") or DEFAULT_SPOOL_MAX_FILES
+    conf.spool_max_bytes = _setting(raw, "spoolMaxBytes") or DEFAULT_SPOOL_MAX_BYTES
     conf.interface = parse_interface(raw.get("interface"))
     prev = raw.get("prevResult")
     if prev is not None and not isinstance(prev, dict):
@@ -522,16 +540,14 @@ def tolerant_netconf(raw: dict[str, Any]) -> tuple[NetConf, list[str]]:
         raw=raw,
     )
     conf.device_id = keep(lambda: device_id(raw), "")
-    timeout = keep(lambda: _int(raw, "ackTimeoutMs", "ackTimeoutMs", 1, 60000), None)
+    timeout = keep(lambda: _setting(raw, "ackTimeoutMs"), None)
     if timeout is not None:
         conf.ack_timeout = timeout / 1000
-    wait = keep(lambda: _int(raw, "handoffWaitMs", "handoffWaitMs", 0, 60000), None)
+    wait = keep(lambda: _setting(raw, "handoffWaitMs"), None)
     if wait is not None:
         conf.handoff_wait = wait / 1000
-    conf.spool_max_files = keep(lambda: _int(raw, "spoolMaxFiles", "spoolMaxFiles", 1, 1 << 24), None) \
-        or DEFAULT_SPOOL_MAX_FILES
-    conf.spool_max_bytes = keep(lambda: _int(raw, "spoolMaxBytes", "spoolMaxBytes", 4096, 1 << 40), None) \
-        or DEFAULT_SPOOL_MAX_BYTES
+    conf.spool_max_files = keep(lambda: _setting(raw, "spoolMaxFiles"), None) or DEFAULT_SPOOL_MAX_FILES
+    conf.spool_max_bytes = keep(lambda: _setting(raw, "spoolMaxBytes"), None) or DEFAULT_SPOOL_MAX_BYTES
     prev = raw.get("prevResult")
     conf.prev_result = prev if isinstance(prev, dict) else None
     return conf, problems

@@ -21,6 +21,13 @@ from typing import Any
 import click
 
 from cni_plugin import __version__
+from cni_plugin.config import (
+    DEFAULT_ACK_TIMEOUT_MS,
+    DEFAULT_HANDOFF_WAIT_MS,
+    DEFAULT_SPOOL_MAX_BYTES,
+    DEFAULT_SPOOL_MAX_FILES,
+    INT_SETTINGS,
+)
 from cni_plugin.wire import DEFAULT_SOCKET, DEFAULT_SPOOL_DIR, PROTOCOL_VERSION, encode_frame, read_frame
 from publisher import limits
 from publisher.observe import nodelease
@@ -325,6 +332,12 @@ def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> A
     return tenure
 
 
+def plugin_int_help(key: str, default: int) -> str:
+    """An integer setting's help, from the plugin's own table (its range) and default."""
+    lo, hi = INT_SETTINGS[key]
+    return f"The entry's {key}, an integer {lo}-{hi} (empty: the plugin's default, {default})."
+
+
 @cli.command("chain-keeper")
 @click.option("--cni-conf-dir", envvar="NETCLAIM_CNI_CONF_DIR", show_envvar=True, default="/etc/cni/net.d",
               show_default=True, type=click.Path(file_okay=False), help="The node's CNI config dir, as mounted here.")
@@ -348,6 +361,14 @@ def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> A
               default=DEFAULT_SPOOL_DIR, show_default=True, help="The spool dir as the plugin on the node sees it.")
 @click.option("--plugin-log-file", envvar="NETCLAIM_PLUGIN_LOG_FILE", show_envvar=True, default="",
               help="The plugin's log file on the node (empty: none).")
+@click.option("--plugin-ack-timeout-ms", envvar="NETCLAIM_PLUGIN_ACK_TIMEOUT_MS", show_envvar=True, default="",
+              metavar="MS", help=plugin_int_help("ackTimeoutMs", DEFAULT_ACK_TIMEOUT_MS))
+@click.option("--plugin-handoff-wait-ms", envvar="NETCLAIM_PLUGIN_HANDOFF_WAIT_MS", show_envvar=True, default="",
+              metavar="MS", help=plugin_int_help("handoffWaitMs", DEFAULT_HANDOFF_WAIT_MS))
+@click.option("--plugin-spool-max-files", envvar="NETCLAIM_PLUGIN_SPOOL_MAX_FILES", show_envvar=True, default="",
+              metavar="N", help=plugin_int_help("spoolMaxFiles", DEFAULT_SPOOL_MAX_FILES))
+@click.option("--plugin-spool-max-bytes", envvar="NETCLAIM_PLUGIN_SPOOL_MAX_BYTES", show_envvar=True, default="",
+              metavar="BYTES", help=plugin_int_help("spoolMaxBytes", DEFAULT_SPOOL_MAX_BYTES))
 @click.option("--cni-cache-dir", envvar="NETCLAIM_CNI_CACHE_DIR", show_envvar=True, default="/var/lib/cni",
               show_default=True, type=click.Path(file_okay=False),
               help="The runtimes' libcni cache dir, as mounted here: on uninstall the plugin is kept while a "
@@ -405,7 +426,9 @@ def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> A
               help="Tests only: at a point of the uninstall (before-cleanup, after-unchain), wait until FILE is gone.")
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
-                 plugin_log_file: str, cni_cache_dir: str, plugin_cni_cache_dir: str, runtime_teardown: str,
+                 plugin_log_file: str, plugin_ack_timeout_ms: str, plugin_handoff_wait_ms: str,
+                 plugin_spool_max_files: str, plugin_spool_max_bytes: str,
+                 cni_cache_dir: str, plugin_cni_cache_dir: str, runtime_teardown: str,
                  cleanup_dir: tuple[str, ...], poll_interval: float,
                  daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
                  log_format: str, log_level: str, node_name: str, metrics_address: str, probe_address: str,
@@ -417,7 +440,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
 
     from publisher.chain import keeper as chainkeeper
     from publisher import logs
-    from publisher.chain.conflist import Refused, build_entry
+    from publisher.chain.conflist import BadSetting, Refused, build_entry
 
     # First of all: a SIGTERM that comes while the API client is still loading must not be lost.
     stop = chainkeeper.StopSignal.install() if not (once or uninstall_now) else None
@@ -429,12 +452,18 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
         # Only the keeper's own entry (its driver and request) is taken out; another network's stays.
         raise click.UsageError("--uninstall needs --driver-name (and --request, when the install set one): "
                                "it removes only the entry of that driver and request")
+    pairs = [f"driverName={driver_name}", f"request={request}", f"socketPath={plugin_socket}",
+             f"spoolDir={plugin_spool_dir}", f"failurePolicy={failure_policy}", f"logFile={plugin_log_file}"]
+    if not uninstall_now:  # the uninstall finds the entry by driver and request; nothing else of it matters
+        pairs += [f"ackTimeoutMs={plugin_ack_timeout_ms}", f"handoffWaitMs={plugin_handoff_wait_ms}",
+                  f"spoolMaxFiles={plugin_spool_max_files}", f"spoolMaxBytes={plugin_spool_max_bytes}"]
     try:
-        entry = build_entry([f"driverName={driver_name}", f"request={request}", f"socketPath={plugin_socket}",
-                             f"spoolDir={plugin_spool_dir}", f"failurePolicy={failure_policy}",
-                             f"logFile={plugin_log_file}"])
+        entry = build_entry(pairs, empty_is_default=True)  # the chart states every setting: empty is its default
+    except BadSetting as exc:
+        # Before anything is written: an entry the plugin would refuse fails every pod start on the node.
+        raise click.UsageError(f"{exc} ({KEEPER_OPTION_OF[exc.key]}); nothing was written") from None
     except Refused as exc:
-        raise click.UsageError(f"{exc} (--driver-name)") from None
+        raise click.UsageError(str(exc)) from None
     cfg = chainkeeper.KeeperConfig(
         conf_dir=Path(cni_conf_dir), bin_dir=Path(cni_bin_dir), plugin_binary=Path(plugin_binary), entry=entry,
         conflist=conflist, cleanup_dirs=[Path(d) for d in cleanup_dir], poll_interval=poll_interval,
@@ -476,6 +505,21 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     if kube is not None and node_name:
         reporting.events = contest_events(kube, node_name)
     sys.exit(chainkeeper.run_keeper(cfg, once, decide if daemonset else None, stop, reporting))
+
+
+# The chain keeper's option (and environment variable, the chart's ConfigMap key) for each entry key it writes.
+KEEPER_OPTION_OF = {
+    "driverName": "--driver-name, NETCLAIM_DRIVER_NAME",
+    "request": "--request, NETCLAIM_REQUEST",
+    "socketPath": "--plugin-socket, NETCLAIM_PLUGIN_SOCKET",
+    "spoolDir": "--plugin-spool-dir, NETCLAIM_PLUGIN_SPOOL_DIR",
+    "failurePolicy": "--failure-policy, NETCLAIM_FAILURE_POLICY",
+    "logFile": "--plugin-log-file, NETCLAIM_PLUGIN_LOG_FILE",
+    "ackTimeoutMs": "--plugin-ack-timeout-ms, NETCLAIM_PLUGIN_ACK_TIMEOUT_MS",
+    "handoffWaitMs": "--plugin-handoff-wait-ms, NETCLAIM_PLUGIN_HANDOFF_WAIT_MS",
+    "spoolMaxFiles": "--plugin-spool-max-files, NETCLAIM_PLUGIN_SPOOL_MAX_FILES",
+    "spoolMaxBytes": "--plugin-spool-max-bytes, NETCLAIM_PLUGIN_SPOOL_MAX_BYTES",
+}
 
 
 def keeper_kube(kubeconfig: str | None) -> Any:

@@ -1,4 +1,4 @@
-"""Add, update or remove the netclaim entry of a CNI conflist (stdlib only).
+"""Add, update or remove the netclaim entry of a CNI conflist (stdlib and the plugin's config only).
 
 Used by scripts/operator/conflist_edit.py (scripts/install.sh, systemd installs) and by
 the chain keeper of the DaemonSet (publisher/chain/keeper.py), so both edit a
@@ -32,6 +32,10 @@ Why it is careful:
   plugins[0]) into NAME.conflist, which sorts where NAME.conf did (the runtime
   uses the first network file by name); NAME.conf's bytes are kept in
   NAME.conf.netclaim.bak and uninstall puts them back byte for byte.
+- The entry is typed and checked by the plugin's own config rules before any
+  file is touched (`build_entry`): the plugin refuses its whole entry over one
+  mistyped field (ADD error 7: no pod on the node starts), so such an entry
+  must never reach a node.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from cni_plugin.config import INT_SETTINGS, LATEST_VERSION, STRING_SETTINGS, parse_netconf
+from cni_plugin.errors import CNIError
+
 PLUGIN_TYPE = "netclaim"
 BACKUP_SUFFIX = ".netclaim.bak"
 NETWORK_EXTENSIONS = (".conf", ".conflist", ".json")
@@ -50,6 +57,14 @@ NETWORK_EXTENSIONS = (".conf", ".conflist", ".json")
 
 class Refused(Exception):
     """The conflist cannot be edited safely; nothing was changed."""
+
+
+class BadSetting(Refused):
+    """A KEY=VALUE pair the plugin would not accept; `key` names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class Changed(Exception):
@@ -156,13 +171,19 @@ def with_entry(doc: dict[str, Any], entry: dict[str, Any], keep_position: bool =
     place), else last in the chain.
 
     Keys of an existing entry that this install does not set (say an
-    `interface` block the operator added by hand) are kept; keys it sets win.
+    `interface` block the operator added by hand) are kept; keys it sets win,
+    and a key it sets to None (`build_entry` with `empty_is_default`: the
+    plugin's default) is taken out.
     """
     plugins = doc["plugins"]
     merged: dict[str, Any] = {}
     for old in (p for p in plugins if is_netclaim(p)):
         merged.update(old)
-    merged.update(entry)
+    for key, value in entry.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
     merged["type"] = PLUGIN_TYPE
     out = dict(doc)
     if keep_position and in_place(plugins):
@@ -408,18 +429,77 @@ def uninstall(path: Path) -> str:
     return outcome
 
 
-def build_entry(pairs: list[str]) -> dict[str, Any]:
-    """The plugin's config from KEY=VALUE pairs; empty values are left out."""
+def build_entry(pairs: list[str], *, empty_is_default: bool = False) -> dict[str, Any]:
+    """The plugin's entry from KEY=VALUE pairs, each value typed the way the plugin reads it.
+
+    The text of an installer's setting (a chart value, an environment variable, `--set`) becomes
+    a JSON integer or string by the plugin's own table of its settings (cni_plugin/config.py), and
+    each value must pass the plugin's own parser: a key the plugin does not read, a value it would
+    refuse (`spoolMaxFiles=lots`, one out of its range) is BadSetting, naming the key and what it
+    takes, before any file is touched.
+
+    An empty value is a setting not given: it is left out, and `with_entry` keeps what an earlier
+    install (or the operator) wrote for that key. With `empty_is_default` (the chain keeper, whose
+    settings are the chart's values, every one of them stated) it is the plugin's default: the key
+    maps to None, which `with_entry` takes out of the entry, so emptying a chart value brings the
+    plugin's default back on every node.
+    """
     entry: dict[str, Any] = {"type": PLUGIN_TYPE}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
+        key, sep, text = pair.partition("=")
         if not sep or not key:
             raise Refused(f"--set {pair!r} is not KEY=VALUE")
-        if value:
-            entry[key] = value
+        check_key(key)
+        if text:
+            entry[key] = typed_setting(key, text)
+        elif empty_is_default:
+            entry[key] = None
     if not entry.get("driverName"):
-        raise Refused("the entry needs driverName")
+        raise BadSetting("driverName", "the entry needs driverName")
     return entry
+
+
+def check_key(key: str) -> None:
+    """BadSetting, listing the keys there are, unless the plugin reads `key` from KEY=VALUE text."""
+    if key in INT_SETTINGS or key in STRING_SETTINGS:
+        return
+    known = ", ".join((*STRING_SETTINGS, *INT_SETTINGS))
+    raise BadSetting(key, f"{key}: not a setting of the netclaim entry (settable as KEY=VALUE: {known})")
+
+
+def typed_setting(key: str, text: str) -> int | str:
+    """One setting's value as the plugin reads it; BadSetting when the plugin would refuse it."""
+    value: int | str = _integer(key, text) if key in INT_SETTINGS else text
+    problem = plugin_problem(key, value)
+    if problem:
+        raise BadSetting(key, f"{key}={text}: {problem}")
+    return value
+
+
+def _integer(key: str, text: str) -> int:
+    """Decimal digits, optionally signed, as a JSON integer (not int()'s '1_000', ' 5' or other scripts' digits)."""
+    digits = text[1:] if text[:1] in "+-" else text
+    if not (digits.isascii() and digits.isdigit()):
+        lo, hi = INT_SETTINGS[key]
+        raise BadSetting(key, f"{key}={text}: must be an integer between {lo} and {hi}")
+    return int(text)
+
+
+def plugin_problem(key: str, value: int | str) -> str | None:
+    """What the plugin's own config parser says of `key: value` in an otherwise minimal entry
+    (None: accepted). Its rules (ranges, absolute paths, failurePolicy's choices) are not copied
+    here, so the keeper refuses exactly what the plugin would."""
+    raw = {"cniVersion": LATEST_VERSION, "name": "netclaim", "type": PLUGIN_TYPE, "driverName": "x", key: value}
+    try:
+        parse_netconf(raw, LATEST_VERSION, "DEL")
+    except CNIError as exc:
+        return exc.msg.removeprefix("invalid network config: ").removeprefix(f"{key}: ")
+    return None
+
+
+def written(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry as a conflist holds it: keys set to None (the plugin's default) left out."""
+    return {k: v for k, v in entry.items() if v is not None}
 
 
 def network_files(conf_dir: Path) -> list[Path]:

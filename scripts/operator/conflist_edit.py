@@ -10,6 +10,11 @@ original, refusal of what it cannot parse: see that module).
     conflist_edit.py entry     --set driverName=NAME [--set KEY=VALUE ...]   (print only)
     conflist_edit.py chained   --dir DIR   (print the network files in DIR that chain netclaim, one a line)
 
+Each --set value is written with the type the plugin reads it as (spoolMaxFiles=500 becomes the
+integer 500) and checked by the plugin's own config rules first: a key the plugin does not read, or
+a value it would refuse, is refused before the conflist is touched. An empty value is a setting
+not given: a value the entry already holds for that key stays.
+
 `chained` is how uninstall knows whether the plugin executable is still in use: with
 containerd's own multi-network (several conflists, one netclaim entry each) it is
 removed only with the last entry.
@@ -28,7 +33,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from publisher.chain.conflist import Refused, build_entry, has_entry, install, network_files, uninstall  # noqa: E402
+from publisher.chain.conflist import (  # noqa: E402
+    Refused,
+    build_entry,
+    has_entry,
+    install,
+    network_files,
+    uninstall,
+    written,
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,7 +49,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="action", required=True)
     add = sub.add_parser("install", help="add or update the netclaim entry (last in the chain)")
     add.add_argument("--conflist", required=True, type=Path)
-    add.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a string field of the entry")
+    add.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="a setting of the entry (driverName, spoolMaxFiles, ...), typed as the plugin reads it")
     show = sub.add_parser("entry", help="print the entry that install would write")
     show.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     rm = sub.add_parser("uninstall", help="remove the netclaim entry, restoring the original")
@@ -55,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(path)
             return 0
         if args.action == "entry":
-            print(json.dumps(build_entry(args.set), indent=2))
+            print(json.dumps(written(build_entry(args.set)), indent=2))
             return 0
         if args.action == "install":
             outcome = install(args.conflist, build_entry(args.set))

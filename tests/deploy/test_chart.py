@@ -18,9 +18,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+import yaml
 
 import cni_plugin
 from chartlib import CHART, by_kind, driver_set, helm, helm_binary, kube_version, one, render
+from cni_plugin.config import INT_SETTINGS, parse_netconf
 from deploylib import DRIVER, REPO, netclaim_publisher_bin, python_env
 from kubehelpers import apply_object
 
@@ -41,29 +43,81 @@ def test_helm_lint_passes_with_defaults_and_with_every_toggle() -> None:
          "--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.dashboard.enabled=true")
 
 
-def test_one_driver_name_feeds_rbac_configmap_and_the_conflist_entry(tmp_root: Path) -> None:
-    docs = render("driverName=nic.acme.io", "request=data", "failurePolicy=Fail")
-    assert driver_rule(one(docs, "ClusterRole"))["resourceNames"] == ["nic.acme.io"]
-    config = one(docs, "ConfigMap")["data"]
-    assert config["NETCLAIM_DRIVER_NAME"] == "nic.acme.io"
-    # The chain keeper with exactly that ConfigMap as its environment writes the entry.
-    net_d, bin_d = tmp_root / "net.d", tmp_root / "bin"
+PRIMARY = {"cniVersion": "1.0.0", "name": "podnet", "plugins": [{"type": "bridge", "bridge": "cbr0"}]}
+
+
+def keeper_writes(config: dict[str, str], root: Path) -> dict:
+    """The conflist the chain keeper (`--once`, as the init container runs it) writes with exactly the chart's
+    ConfigMap as its environment, into a scratch conf dir under `root`."""
+    net_d, bin_d = root / "net.d", root / "bin"
     net_d.mkdir()
-    primary = {"cniVersion": "1.0.0", "name": "podnet", "plugins": [{"type": "bridge", "bridge": "cbr0"}]}
-    (net_d / "10-podnet.conflist").write_text(json.dumps(primary))
-    plugin = tmp_root / "netclaim"
+    (net_d / "10-podnet.conflist").write_text(json.dumps(PRIMARY))
+    plugin = root / "netclaim"
     plugin.write_bytes(Path(os.path.realpath("/bin/true")).read_bytes())  # this host's machine; only copied
     env = {**python_env(), **config}
     proc = subprocess.run([str(netclaim_publisher_bin()), "chain-keeper", "--once", f"--cni-conf-dir={net_d}",
                            f"--cni-bin-dir={bin_d}", f"--plugin-binary={plugin}"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    chained = json.loads((net_d / "10-podnet.conflist").read_text())
+    assert (bin_d / "netclaim").read_bytes() == plugin.read_bytes()
+    return json.loads((net_d / "10-podnet.conflist").read_text())
+
+
+def test_one_driver_name_feeds_rbac_configmap_and_the_conflist_entry(tmp_root: Path) -> None:
+    docs = render("driverName=nic.acme.io", "request=data", "failurePolicy=Fail")
+    assert driver_rule(one(docs, "ClusterRole"))["resourceNames"] == ["nic.acme.io"]
+    config = one(docs, "ConfigMap")["data"]
+    assert config["NETCLAIM_DRIVER_NAME"] == "nic.acme.io"
+    # The chain keeper with exactly that ConfigMap as its environment writes the entry.
+    chained = keeper_writes(config, tmp_root)
     assert [p["type"] for p in chained["plugins"]] == ["bridge", "netclaim"]
     entry = chained["plugins"][-1]
     assert (entry["driverName"], entry["request"], entry["failurePolicy"]) == ("nic.acme.io", "data", "Fail")
     assert entry["socketPath"] == "/run/netclaim/publisher.sock" and entry["spoolDir"] == "/var/lib/netclaim/spool"
-    assert (bin_d / "netclaim").read_bytes() == plugin.read_bytes()
+    # The plugin's own defaults: the chart writes no hand-off or spool setting it was not given.
+    assert not {"ackTimeoutMs", "handoffWaitMs", "spoolMaxFiles", "spoolMaxBytes"} & entry.keys()
+
+
+PLUGIN_SETTINGS = {"cni.pluginAckTimeoutMs": "ackTimeoutMs", "cni.pluginHandoffWaitMs": "handoffWaitMs",
+                   "cni.pluginSpoolMaxFiles": "spoolMaxFiles", "cni.pluginSpoolMaxBytes": "spoolMaxBytes"}
+
+
+def test_plugin_spool_and_handoff_values_reach_the_keepers_entry_as_integers_the_plugin_parses(
+        tmp_root: Path) -> None:
+    """Two from a values file (a number there reaches the templates as a float; the largest cap must keep every
+    digit), two from --set; both keeper containers read them, and the entry holds JSON integers that the
+    plugin's own config parser reads as those caps and timeouts."""
+    values = tmp_root / "values.yaml"
+    values.write_text("cni:\n  pluginSpoolMaxFiles: 500\n  pluginSpoolMaxBytes: 1099511627776\n")
+    out = helm("template", "netclaim", str(CHART), "--namespace", "netclaim-system", "--kube-version", kube_version(),
+               *driver_set(), "-f", str(values), "--set", "cni.pluginAckTimeoutMs=250",
+               "--set", "cni.pluginHandoffWaitMs=0").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    config = one(docs, "ConfigMap")["data"]
+    given = {"NETCLAIM_PLUGIN_ACK_TIMEOUT_MS": "250", "NETCLAIM_PLUGIN_HANDOFF_WAIT_MS": "0",
+             "NETCLAIM_PLUGIN_SPOOL_MAX_FILES": "500", "NETCLAIM_PLUGIN_SPOOL_MAX_BYTES": "1099511627776"}
+    assert {k: config.get(k) for k in given} == given
+    configmap = one(docs, "ConfigMap")["metadata"]["name"]
+    for name in ("install", "chain-keeper"):  # the init container chains first, the keeper keeps it so
+        assert {"configMapRef": {"name": configmap}} in containers(docs)[name]["envFrom"], name
+
+    entry = keeper_writes(config, tmp_root)["plugins"][-1]
+    assert {k: entry[k] for k in PLUGIN_SETTINGS.values()} == {
+        "ackTimeoutMs": 250, "handoffWaitMs": 0, "spoolMaxFiles": 500, "spoolMaxBytes": 1099511627776}
+    conf = parse_netconf({**entry, "name": PRIMARY["name"], "cniVersion": PRIMARY["cniVersion"], "prevResult": {}},
+                         PRIMARY["cniVersion"], "ADD")
+    assert (conf.spool_max_files, conf.spool_max_bytes, conf.ack_timeout, conf.handoff_wait) == (
+        500, 1099511627776, 0.25, 0.0)
+
+
+def test_the_schemas_plugin_setting_ranges_are_the_plugins_own() -> None:
+    """The schema refuses at `helm install` what the keeper would refuse on every node later; its ranges must
+    be the plugin's (cni_plugin/config.py INT_SETTINGS), not a copy that drifts."""
+    cni = json.loads((CHART / "values.schema.json").read_text())["properties"]["cni"]["properties"]
+    for value, key in PLUGIN_SETTINGS.items():
+        [integer] = [alt for alt in cni[value.split(".", 1)[1]]["anyOf"] if alt.get("type") == "integer"]
+        assert (integer["minimum"], integer["maximum"]) == INT_SETTINGS[key], value
+    assert set(PLUGIN_SETTINGS.values()) == set(INT_SETTINGS), "a plugin integer setting the chart cannot set"
 
 
 def test_a_list_of_drivers_is_authorized_and_the_first_is_the_entry() -> None:
@@ -160,6 +214,7 @@ NON_DEFAULT = ("nameOverride=nc", "commonLabels.team=net", "podLabels.tier=node"
                "serviceAccount.annotations.owner=net", "updateStrategy.maxUnavailable=10%",
                "resourceQuota.enabled=true", "securityContext.privileged=true", "securityContext.seLinuxType=spc_t",
                "cni.pluginLogFile=/var/log/netclaim/plugin.log", "metrics.dashboard.enabled=true",
+               "cni.pluginSpoolMaxFiles=500",
                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
                ".matchExpressions[0].key=netclaim",
                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
@@ -311,7 +366,11 @@ def test_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_when_set() -> N
                                  "cni.pluginLogFile=/var/log/plugin.log", "apf.priorityLevel.queue=3",
                                  # a digest must be one; an option must look like one
                                  "image.digest=latest", "image.digest=sha256:abc",
-                                 "publisher.extraArgs[0]=workers=8"])
+                                 "publisher.extraArgs[0]=workers=8",
+                                 # the plugin's ranges: the keeper would refuse these on every node
+                                 "cni.pluginSpoolMaxFiles=0", "cni.pluginSpoolMaxBytes=1099511627777",
+                                 "cni.pluginAckTimeoutMs=60001", "cni.pluginHandoffWaitMs=-1",
+                                 "cni.pluginSpoolMaxFiles=lots", "cni.pluginSpoolMaxFiles=1.5"])
 def test_a_typo_or_bad_value_is_refused(bad: str) -> None:
     for verb in ("template", "lint"):
         args = [verb, *(["x"] if verb == "template" else []), str(CHART), "--kube-version", kube_version(),
@@ -331,7 +390,9 @@ def test_lint_strict_passes_with_every_non_default_value() -> None:
          "--set", "serviceAccount.annotations.owner=net", "--set", "affinity.podAntiAffinity=null",
          "--set", "updateStrategy.maxUnavailable=25%", "--set", "resourceQuota.enabled=true",
          "--set", "securityContext.privileged=true", "--set", "securityContext.seLinuxType=spc_t",
-         "--set", "cni.pluginLogFile=/var/log/netclaim/plugin.log")
+         "--set", "cni.pluginLogFile=/var/log/netclaim/plugin.log", "--set", "cni.pluginSpoolMaxFiles=500",
+         "--set", "cni.pluginSpoolMaxBytes=1099511627776", "--set", "cni.pluginAckTimeoutMs=250",
+         "--set", "cni.pluginHandoffWaitMs=0")
 
 
 def test_chart_label_survives_build_metadata(tmp_root: Path) -> None:

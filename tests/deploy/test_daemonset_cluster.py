@@ -8,7 +8,8 @@ primary conflist is rewritten the way Calico does (in place, without
 netclaim) and the way Cilium does (its own conflist first, the others moved
 away), and the next pod still gets its status; helm upgrade to a new image
 tag keeps every status and the journal; helm uninstall leaves the node as it
-was before the install, byte for byte.
+was before the install, byte for byte. A spool cap set through the chart is
+the one the plugin on the node keeps while the publisher is unreachable.
 
 NETCLAIM_DEPLOY_CLUSTER_DIR picks the cluster dir (default /tmp/nc-cl-deploy);
 NETCLAIM_CLUSTER_KEEP=1 leaves it up.
@@ -30,6 +31,7 @@ from typing import Any
 import pytest
 
 import cni_plugin
+from cni_plugin import wire
 from publisher.chain.nodefiles import cached_users
 from chartlib import CHART, helm
 from deploylib import REPO, Looker, own_cluster
@@ -134,11 +136,20 @@ def helm_values(files: NodeFiles, cluster: RealCluster, tag: str, port: int) -> 
     return out
 
 
-def pod_gets_status(cluster: RealCluster, ns: str, name: str) -> dict[str, Any]:
+def start_claimed_pod(cluster: RealCluster, ns: str, name: str) -> None:
+    """Pod NAME with claim NAME-net, Running."""
     cluster.claim(ns, f"{name}-net")
     cluster.pod(ns, name, claim=f"{name}-net")
     cluster.wait_running(ns, name, timeout=180)
 
+
+def pod_gets_status(cluster: RealCluster, ns: str, name: str) -> dict[str, Any]:
+    start_claimed_pod(cluster, ns, name)
+    return claim_gets_status(cluster, ns, name)
+
+
+def claim_gets_status(cluster: RealCluster, ns: str, name: str) -> dict[str, Any]:
+    """The driver's Ready entry with IPs on NAME-net, once the publisher has written it."""
     def entry() -> dict[str, Any] | None:
         mine = entries_of(cluster.claim_yaml(ns, f"{name}-net"), cluster.driver)
         ok = [e for e in mine if ready_status(e) == "True" and (e.get("networkData") or {}).get("ips")]
@@ -236,6 +247,62 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
     assert after == before
     for d in (files.run, files.state):
         assert not d.exists() or list(d.iterdir()) == [], sorted(d.iterdir())
+
+
+# ---------------------------------------------------------------- the plugin's settings from the chart
+
+
+def spooled_pods(spool: Path) -> list[str]:
+    """The pods whose events wait in the plugin's spool on the node, oldest first."""
+    events = [wire.read_spool(path) for path in wire.list_spool(str(spool))]
+    return [e.pod.name for e in sorted(events, key=lambda e: e.timestamp) if e.pod]
+
+
+def test_the_spool_cap_set_through_the_chart_holds_on_the_node(cluster: RealCluster, images: dict[str, str]) -> None:
+    """`cni.pluginSpoolMaxFiles=2` (and `cni.pluginHandoffWaitMs=0`: a full spool costs a pod start nothing) with
+    the publisher unreachable: it listens elsewhere and reads another spool (`publisher.extraArgs`), so it neither
+    takes the plugin's events nor drains its spool. The keeper writes the chart's values into the node's entry as
+    integers; three claimed pods start, the spool holds the first two pods' events and the overflow marker
+    counts the third. With the publisher back on its socket, the two spooled events give their claims status."""
+    files = NodeFiles(cluster)
+    before = files.snapshot()
+    assert not files.chained(files.conflist), "netclaim must not be installed before the chart"
+    kubeconfig = cluster.kubeconfig
+    ns = cluster.namespace(f"cap-{uuid.uuid4().hex[:6]}")
+    spool = files.state / "spool"
+    ports = {"metrics.keeperPort": free_port(), "metrics.probePort": free_port(),
+             "metrics.keeperProbePort": free_port()}
+    chart = [*helm_values(files, cluster, VERSION, free_port()), "--set", "cni.pluginSpoolMaxFiles=2",
+             "--set", "cni.pluginHandoffWaitMs=0", "--set", "cni.pluginAckTimeoutMs=500",
+             *(a for key, port in ports.items() for a in ("--set", f"{key}={port}"))]
+    away = ["--set", f"publisher.extraArgs[0]=--socket={files.run}/away.sock",
+            "--set", f"publisher.extraArgs[1]=--spool-dir={files.state}/away-spool"]
+    try:
+        helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", *chart, *away,
+             "--wait", "--timeout", "300s", kubeconfig=kubeconfig, timeout=400)
+        wait_until(lambda: files.chained(files.conflist), "netclaim chained into the primary conflist")
+        [entry] = [p for p in json.loads(files.conflist.read_bytes())["plugins"] if p["type"] == "netclaim"]
+        assert {k: entry.get(k) for k in ("spoolMaxFiles", "handoffWaitMs", "ackTimeoutMs")} == {
+            "spoolMaxFiles": 2, "handoffWaitMs": 0, "ackTimeoutMs": 500}, entry  # JSON integers, not strings
+
+        for name in ("a", "b", "c"):  # one after the other: concurrent ADDs may overshoot a cap by their number
+            start_claimed_pod(cluster, ns, name)
+        assert spooled_pods(spool) == ["a", "b"]
+        overflow = wire.read_overflow(str(spool))
+        assert overflow and overflow["dropped"] >= 1 and overflow["lastCommand"] == "ADD", overflow
+
+        helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *chart, "--wait", "--timeout", "300s",
+             kubeconfig=kubeconfig, timeout=400)
+        for name in ("a", "b"):
+            assert claim_gets_status(cluster, ns, name)["networkData"]["ips"], name
+        wait_until(lambda: not spooled_pods(spool), "the publisher to take the spooled events")
+    finally:
+        for name in ("a", "b", "c"):
+            cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=true", "--timeout=120s", check=False,
+                            timeout=180)
+        keeper_said = uninstall_release(cluster, kubeconfig, 3000)
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    assert files.snapshot() == before, keeper_said
 
 
 # ---------------------------------------------------------------- uninstall only on proof

@@ -100,6 +100,19 @@ log file is set.
 {{- with .Values.cni.pluginLogFile -}}{{- dir . -}}{{- end -}}
 {{- end -}}
 
+{{/*
+An integer setting of the plugin as a ConfigMap string: "" when unset (nil or ""), else its
+decimal digits. A number from a values file reaches the template as a float64, which would print
+1099511627776 as 1.099511627776e+12; int64 first keeps every digit.
+*/}}
+{{- define "netclaim.pluginInteger" -}}
+{{- if or (kindIs "invalid" .) (eq (toString .) "") -}}
+""
+{{- else -}}
+{{- . | int64 | toString | quote -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Where the probe listeners bind: the node's 127.0.0.1 (no pod reaches it), or, with
 metrics.probeHost=node, the node's address (only for test nodes that share one loopback). */}}
 {{- define "netclaim.probeAddressHost" -}}
