@@ -439,11 +439,12 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     from pathlib import Path
 
     from publisher.chain import keeper as chainkeeper
+    from publisher.chain import program as keeperprogram
     from publisher import logs
     from publisher.chain.conflist import BadSetting, Refused, build_entry
 
     # First of all: a SIGTERM that comes while the API client is still loading must not be lost.
-    stop = chainkeeper.StopSignal.install() if not (once or uninstall_now) else None
+    stop = keeperprogram.StopSignal.install() if not (once or uninstall_now) else None
 
     logs.setup(log_format, log_level)
     if not uninstall_now and not os.path.isfile(plugin_binary):
@@ -475,7 +476,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
 
     if uninstall_now:
         cfg.teardown = RuntimeTeardown(runtime_teardown)
-        sys.exit(chainkeeper.uninstall_now(cfg))
+        sys.exit(keeperprogram.uninstall_now(cfg))
     if daemonset and not namespace:
         raise click.UsageError("--daemonset needs --namespace")
 
@@ -501,10 +502,10 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
 
     cfg.teardown = RuntimeTeardown(runtime_teardown, kube, node_name)
     cfg.teardown.learn()  # now: the release's RBAC is being deleted when an uninstall's SIGTERM comes
-    reporting = chainkeeper.Reporting(metrics_address=metrics_address, probe_address=probe_address)
+    reporting = keeperprogram.Reporting(metrics_address=metrics_address, probe_address=probe_address)
     if kube is not None and node_name:
         reporting.events = contest_events(kube, node_name)
-    sys.exit(chainkeeper.run_keeper(cfg, once, decide if daemonset else None, stop, reporting))
+    sys.exit(keeperprogram.run_keeper(cfg, once, decide if daemonset else None, stop, reporting))
 
 
 # The chain keeper's option (and environment variable, the chart's ConfigMap key) for each entry key it writes.
