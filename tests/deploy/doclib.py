@@ -89,6 +89,11 @@ class Block:
         return f"{self.doc}:{self.line}"
 
 
+def dedent(line: str, indent: int) -> str:
+    """A line of a block indented with its fence (a block in a list item), as the reader copies it."""
+    return line[indent:] if line[:indent].strip() == "" else line
+
+
 def marker_modes(marker: str) -> tuple[str, ...]:
     return tuple(marker.split())
 
@@ -106,7 +111,7 @@ def blocks_of(path: Path) -> list[Block]:
             continue
         indent = len(opening.group(1))
         end = next(j for j in range(i + 1, len(lines)) if FENCE.match(lines[j]))
-        body = "".join(line[indent:] + "\n" if line[:indent].strip() == "" else line + "\n" for line in lines[i + 1:end])
+        body = "".join(dedent(line, indent) + "\n" for line in lines[i + 1:end])
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         found = MARKER.match(before)
         marker = found.group(1).strip() if found else None
@@ -176,7 +181,8 @@ def command_of(simple: str) -> tuple[str, list[str]] | None:
     head = toks[0]
     if SCRIPT.match(head):
         return SCRIPT.match(head).group(1), toks[1:]
-    if Path(head).name in COMMAND_WORDS and (head in COMMAND_WORDS or head.startswith(("/", "."))):
+    # By name on the PATH, or by a path: absolute, relative, or under a shell variable ("$venv/bin/...").
+    if Path(head).name in COMMAND_WORDS and (head in COMMAND_WORDS or head.startswith(("/", ".", "$"))):
         return Path(head).name, toks[1:]
     return None
 

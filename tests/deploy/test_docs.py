@@ -177,12 +177,14 @@ def test_commands_are_found_after_separators_prompts_and_kubectl_exec() -> None:
     block = ("NS=x\nkubectl -n $NS exec POD -c publisher -- /opt/netclaim/venv/bin/netclaim-publisher status\n"
              "eval \"$(NETCLAIM_CLUSTER_DIR=/tmp/c scripts/cluster.sh env)\"   # exports\n"
              "systemctl daemon-reload && scripts/install.sh --conflist F \\\n    --request nic\n"
-             "ls -l /opt/cni/bin/netclaim\n")
+             "ls -l /opt/cni/bin/netclaim\n"
+             '"$venv/bin/netclaim-publisher" chain-keeper --uninstall\n')
     found = [command_of(s.strip()) for line in logical_lines(block) for s in SEPARATORS.split(line)]
     assert [c for c in found if c] == [
         ("netclaim-publisher", ["status"]),
         ("scripts/cluster.sh", ["env"]),
         ("scripts/install.sh", ["--conflist", "F", "--request", "nic"]),
+        ("netclaim-publisher", ["chain-keeper", "--uninstall"]),
     ]
 
 
