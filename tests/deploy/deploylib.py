@@ -8,6 +8,7 @@ so that parallel test runs do not collide), it rewrites a copy and says so.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -81,6 +82,28 @@ def manifest_files() -> list[Path]:
     return sorted((CONF / "kubernetes").rglob("*.yaml"), key=lambda p: (p.parent != CONF / "kubernetes", str(p)))
 
 
+def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """A systemd unit file: sections -> key -> values (keys may repeat), with backslash continuations joined."""
+    return parse_unit_text(path.read_text())
+
+
+def parse_unit_text(text: str) -> dict[str, dict[str, list[str]]]:
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    logical = re.sub(r"\\\n\s*", " ", text)
+    for line in logical.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        key, _, value = line.partition("=")
+        assert current is not None, line
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
 def netclaim_publisher_bin() -> Path:
     return REPO / ".venv" / "bin" / "netclaim-publisher"
 
@@ -100,6 +123,8 @@ __all__ = [
     "load_yaml_docs",
     "manifest_files",
     "netclaim_publisher_bin",
+    "parse_unit",
+    "parse_unit_text",
     "python_env",
     "run_install",
     "suffix",

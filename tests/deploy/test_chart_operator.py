@@ -197,6 +197,18 @@ def test_notes_name_the_node_scoped_commands_with_the_releases_namespace_and_lab
     assert "-l app.kubernetes.io/name=nc,app.kubernetes.io/instance=edge " in moved, moved
 
 
+@pytest.mark.parametrize("run", ["/run/netclaim", "/run/netclaim-b"])
+def test_status_execd_in_the_publisher_container_finds_its_socket_wherever_hostpaths_run_is(run: str) -> None:
+    """The docs' `kubectl exec POD -c publisher -- netclaim-publisher status` names no socket: the container's
+    environment does, as `status` and `resync` read it (NETCLAIM_SOCKET)."""
+    env = {e["name"]: e.get("value") for e in containers(render(f"hostPaths.run={run}"))["publisher"]["env"]}
+    assert env["NETCLAIM_SOCKET"] == f"{run}/publisher.sock", env
+    for command in ("status", "resync"):
+        proc = subprocess.run([str(netclaim_publisher_bin()), command, "--help"], capture_output=True, text=True,
+                              env=python_env(), timeout=60)
+        assert re.search(r"env var:\s+NETCLAIM_SOCKET\b", proc.stdout), proc.stdout
+
+
 @pytest.mark.parametrize("command", ["status", "resync"])
 def test_the_commands_notes_name_exist_with_the_socket_option(command: str) -> None:
     proc = subprocess.run([str(netclaim_publisher_bin()), command, "--help"], capture_output=True, text=True,

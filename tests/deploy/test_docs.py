@@ -7,7 +7,9 @@ would paste them: `netclaim-publisher SUB --flag ...` must be a subcommand whose
 each flag; `netclaim --flag` must be a flag of the plugin's manual; `scripts/....sh SUB --flag`
 must be a script whose usage (the header `--help` prints, or its usage line) names the
 subcommand and each flag; `scripts/bench.py SUITE --flag` must be a suite whose `--help` lists
-each flag.
+each flag. Every block of commands says which install it is for (doclib.py: a hidden
+`<!-- install: ... -->` line before its fence), so that test_documented_commands_run.py runs it on
+that install and a new block cannot go unrun.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import configparser
 import functools
 import re
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,95 +26,26 @@ import yaml
 
 from chartlib import CHART, kube_version
 from deploylib import REPO, netclaim_publisher_bin, python_env
+from doclib import (DOCS, MODES, SEPARATORS, all_blocks, blocks_of, command_of, logical_lines, runs_commands,
+                    section, stray_markers, table_rows)
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 DIAGRAMS = REPO / "docs" / "diagrams"
 INSTALL_MD = REPO / "docs" / "install.md"
 
 
-# ---------------------------------------------------------------- markdown helpers
-
-
-def fenced_blocks(text: str) -> list[str]:
-    """The contents of the ``` fenced blocks of a markdown text."""
-    return re.findall(r"^ *```[^\n]*\n(.*?)^ *```", text, re.M | re.S)
-
-
-def section(text: str, heading: str) -> str:
-    """The body of the section whose heading line is `heading`, up to the next heading of its level or above."""
-    level = len(heading) - len(heading.lstrip("#"))
-    lines = text.splitlines()
-    start = lines.index(heading)
-    body = []
-    for line in lines[start + 1:]:
-        m = re.match(r"^(#+) ", line)
-        if m and len(m.group(1)) <= level:
-            break
-        body.append(line)
-    return "\n".join(body)
-
-
-def table_rows(text: str) -> list[list[str]]:
-    """The cells of every markdown table row in `text` (separator rows left out)."""
-    rows = []
-    for line in text.splitlines():
-        if line.startswith("|") and not re.match(r"^\|[\s|:-]+\|?\s*$", line):
-            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
-    return rows
-
-
 # ---------------------------------------------------------------- commands shown in the docs
-
-COMMAND_WORDS = ("netclaim-publisher", "netclaim")
-SCRIPT = re.compile(r"^(?:\./)?(scripts/(?:[\w-]+/)*[\w-]+\.sh|scripts/bench\.py)$")
-# What separates one simple command from the next on a shell line.
-SEPARATORS = re.compile(r"&&|\|\||[;|`]|\$\(|\(|\)")
-
-
-def logical_lines(block: str) -> list[str]:
-    """Lines of a code block with `\\` continuations joined and comments removed."""
-    joined = re.sub(r"\\\n\s*", " ", block)
-    out = []
-    for line in joined.splitlines():
-        out.append(re.split(r"(?:^|\s)#", line, maxsplit=1)[0])
-    return out
-
-
-def words(text: str) -> list[str]:
-    try:
-        return shlex.split(text)
-    except ValueError:  # an unbalanced quote in a line cut by a separator
-        return text.replace('"', " ").replace("'", " ").split()
-
-
-def command_of(simple: str) -> tuple[str, list[str]] | None:
-    """(program, arguments) when this simple command runs netclaim-publisher, netclaim or a script."""
-    toks = words(simple)
-    if "--" in toks and toks[:1] == ["kubectl"]:  # kubectl exec POD -- COMMAND
-        toks = toks[toks.index("--") + 1:]
-    while toks and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", toks[0]) or toks[0] in ("sudo", "exec", "time", "env")):
-        toks = toks[1:]
-    if not toks:
-        return None
-    head = toks[0]
-    if SCRIPT.match(head):
-        return SCRIPT.match(head).group(1), toks[1:]
-    if Path(head).name in COMMAND_WORDS and (head in COMMAND_WORDS or head.startswith(("/", "."))):
-        return Path(head).name, toks[1:]
-    return None
 
 
 @functools.cache
 def documented_commands() -> list[tuple[str, str, str, list[str]]]:
     """(doc, line, program, arguments) for every command line in a fenced block of the docs."""
     found = []
-    for doc in DOCS:
-        for block in fenced_blocks(doc.read_text()):
-            for line in logical_lines(block):
-                for simple in SEPARATORS.split(line):
-                    cmd = command_of(simple.strip())
-                    if cmd is not None:
-                        found.append((doc.relative_to(REPO).as_posix(), line.strip(), *cmd))
+    for block in all_blocks():
+        for line in logical_lines(block.text):
+            for simple in SEPARATORS.split(line):
+                cmd = command_of(simple.strip())
+                if cmd is not None:
+                    found.append((block.doc, line.strip(), *cmd))
     return found
 
 
@@ -245,12 +177,14 @@ def test_commands_are_found_after_separators_prompts_and_kubectl_exec() -> None:
     block = ("NS=x\nkubectl -n $NS exec POD -c publisher -- /opt/netclaim/venv/bin/netclaim-publisher status\n"
              "eval \"$(NETCLAIM_CLUSTER_DIR=/tmp/c scripts/cluster.sh env)\"   # exports\n"
              "systemctl daemon-reload && scripts/install.sh --conflist F \\\n    --request nic\n"
-             "ls -l /opt/cni/bin/netclaim\n")
+             "ls -l /opt/cni/bin/netclaim\n"
+             '"$venv/bin/netclaim-publisher" chain-keeper --uninstall\n')
     found = [command_of(s.strip()) for line in logical_lines(block) for s in SEPARATORS.split(line)]
     assert [c for c in found if c] == [
         ("netclaim-publisher", ["status"]),
         ("scripts/cluster.sh", ["env"]),
         ("scripts/install.sh", ["--conflist", "F", "--request", "nic"]),
+        ("netclaim-publisher", ["chain-keeper", "--uninstall"]),
     ]
 
 
@@ -266,6 +200,54 @@ def test_the_run_options_table_of_the_publisher_reference_is_the_options_of_run(
     shown = {flag for flag in option_words(text) if flag.startswith("--")} - {"--help"}
     assert documented == shown, {"documented, not an option": documented - shown,
                                  "an option, not documented": shown - documented}
+
+
+# ---------------------------------------------------------------- which install each block of commands is for
+
+
+def mode_problems(doc: Path) -> list[str]:
+    """What is wrong with the install markers of one doc: a block of commands without one, a marker naming
+    an unknown install, `any` beside another, a marker on a block that runs nothing, a marker on no block."""
+    problems = [f"{where}: install marker followed by no code block" for where in stray_markers(doc)]
+    for block in blocks_of(doc):
+        unknown = set(block.modes) - set(MODES)
+        if block.marker is None:
+            if runs_commands(block):
+                problems.append(f"{block.where}: commands without an install marker (<!-- install: "
+                                f"{'|'.join(MODES)} --> on the line before the fence)")
+        elif not block.modes or unknown:
+            problems.append(f"{block.where}: install marker names {sorted(unknown) or 'no install'}; known: {MODES}")
+        elif "any" in block.modes and len(block.modes) > 1:
+            problems.append(f"{block.where}: `any` is the development tools' mark, not to be combined")
+        elif not runs_commands(block):
+            problems.append(f"{block.where}: install marker on a block that runs no command")
+    return problems
+
+
+def test_every_block_of_commands_says_which_install_it_is_for() -> None:
+    """So that a new block cannot slip past the run of each install's commands (test_documented_commands_run.py)."""
+    problems = [p for doc in DOCS for p in mode_problems(doc)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_docs_show_commands_for_each_install() -> None:
+    marked = {mode for block in all_blocks() for mode in block.modes}
+    assert marked == set(MODES), marked
+
+
+def test_the_install_marker_check_finds_what_it_forbids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import doclib
+
+    monkeypatch.setattr(doclib, "REPO", tmp_path)
+    doc = tmp_path / "x.md"
+    doc.write_text("text\n\n```sh\nkubectl get pods\n```\n\n<!-- install: cloud -->\n```sh\nhelm list\n```\n\n"
+                   "<!-- install: any systemd -->\n```\nscripts/demo.sh\n```\n\n<!-- install: systemd -->\n"
+                   "```yaml\nkind: Pod\n```\n\n<!-- install: daemonset -->\n\ntext\n\n"
+                   "<!-- install: daemonset systemd -->\n\n  ```sh\n  ls -l /opt/cni/bin/netclaim && jq . f\n  ```\n")
+    problems = mode_problems(doc)
+    assert [p.split(": ", 1)[0] for p in problems] == ["x.md:22", "x.md:3", "x.md:8", "x.md:13", "x.md:18"], problems
+    assert [block.modes for block in blocks_of(doc)][-1] == ("daemonset", "systemd")
+    assert blocks_of(doc)[-1].text == "ls -l /opt/cni/bin/netclaim && jq . f\n"
 
 
 # ---------------------------------------------------------------- diagrams

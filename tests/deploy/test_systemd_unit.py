@@ -24,31 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from deploylib import CONF, REPO, netclaim_publisher_bin, python_env, terminate
+from deploylib import CONF, REPO, netclaim_publisher_bin, parse_unit, python_env, terminate
 from cni_plugin.wire import encode_frame, read_frame
 from peers import run_as_uid
 
 UNIT = CONF / "systemd" / "netclaim-publisher.service"
 SHIPPED_BIN = "/opt/netclaim/venv/bin/netclaim-publisher"
 MAX_EXPOSURE = 2.5
-
-
-def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
-    """Sections -> key -> values (keys may repeat), with backslash continuations joined."""
-    sections: dict[str, dict[str, list[str]]] = {}
-    current = None
-    logical = re.sub(r"\\\n\s*", " ", path.read_text())
-    for line in logical.splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = sections.setdefault(line[1:-1], {})
-            continue
-        key, _, value = line.partition("=")
-        assert current is not None, line
-        current.setdefault(key.strip(), []).append(value.strip())
-    return sections
 
 
 def local_unit(tmp: Path) -> Path:
