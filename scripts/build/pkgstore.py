@@ -23,6 +23,7 @@ A mirror that no longer serves a locked version is an error that says how to go 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import re
@@ -169,8 +170,13 @@ def ensure_debs(image_arch: str, offline: bool) -> list[Path]:
     debs = locked_debs(image_arch)
     missing = [d for d in debs if not (store / "debs" / f"{d.sha256}.deb").is_file()]
     if missing and not offline:
-        log(f"fetching {len(missing)} Debian package(s) for {image_arch} into the package store")
-        apt_fetch(missing, image_arch, store)
+        store.mkdir(parents=True, exist_ok=True)
+        with open(store / f".lock-apt-{image_arch}", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # two builds share one private apt state: one at a time
+            missing = [d for d in debs if not (store / "debs" / f"{d.sha256}.deb").is_file()]
+            if missing:
+                log(f"fetching {len(missing)} Debian package(s) for {image_arch} into the package store")
+                apt_fetch(missing, image_arch, store)
         missing = [d for d in debs if not (store / "debs" / f"{d.sha256}.deb").is_file()]
     if missing:
         names = ", ".join(d.pin for d in missing[:8]) + (" ..." if len(missing) > 8 else "")
