@@ -124,6 +124,15 @@ CANNOT_RUN_HERE = {
 }
 
 
+def build_caches() -> str:
+    """The machine's build caches (image, plugin, package store), bound into a NodeRoot as they are: a
+    reader's machine keeps them between commands too, and umoci cannot unpack an image's layers into
+    the overlay (seen: `mkdir .../rootfs/var/spool: not a directory`)."""
+    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netclaim"
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
 def cannot_run_here(line: str) -> str:
     return next((why for pattern, why in CANNOT_RUN_HERE.items() if re.search(pattern, line)), "")
 
@@ -329,7 +338,7 @@ def test_every_daemonset_command_of_the_docs_runs_as_written(cluster: RealCluste
     ports = {name: free_port() for name in ("metrics", "keeper", "probe", "keeperProbe")}
     values = platform_values(cluster, ports)
     pod = f"docs-{suffix()}"
-    with NodeRoot(cluster.node, binds=[cluster.dir]) as node:
+    with NodeRoot(cluster.node, binds=[cluster.dir, build_caches()]) as node:
         an_operators_shell(node, cluster)
         node.write(PLATFORM_VALUES, yaml.safe_dump(values))
         docs = DocRun(node, "daemonset", daemonset_substitutions(values, cluster.values["NETCLAIM_NODE_IP"]),
@@ -478,7 +487,7 @@ def test_every_systemd_command_of_the_docs_runs_as_written(cluster: RealCluster,
     subnet_prefix = f"10.251.{int(tag[:2], 16)}."
     metrics_port = free_port()
     publisher_log = tmp_root / "publisher.log"
-    with NodeRoot(cluster.node) as node:
+    with NodeRoot(cluster.node, binds=[build_caches()]) as node:
         an_operators_shell(node, cluster)
         primary = a_node_with_a_primary_network(node, bridge, subnet_prefix + "0/24")
         docs = DocRun(node, "systemd", {"127.0.0.1:9464": f"127.0.0.1:{metrics_port}"},
