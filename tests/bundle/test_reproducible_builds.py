@@ -1,4 +1,5 @@
-"""The image is made of what its locks name, and a cold build with no network makes the same bytes.
+"""The image is made of what its locks name, and a cold build with no network makes the same bytes;
+a cold build of either plugin executable makes the same bytes too.
 
 conf/image/debian.lock and conf/image/wheels.lock pin every Debian package and wheel of the
 image by version and sha256; scripts/build-image.sh takes them from the package store
@@ -10,7 +11,10 @@ a distributor relies on:
 - the image holds exactly the locked Debian packages (its dpkg status, per platform) and the
   locked wheels' versions (its venv), so the locks say what is inside;
 - an offline build whose store lacks a locked file fails before building, naming the file and
-  how to go on, instead of fetching or building something else.
+  how to go on, instead of fetching or building something else;
+- scripts/build-plugin.sh [--arch arm64] with an empty cache (the CPython source and the arm64
+  static library fetched again) writes the executable the release ships, byte for byte: the
+  plugin's bytes depend on the Debian packages its build-info.txt names, not on when it was built.
 """
 
 from __future__ import annotations
@@ -129,3 +133,19 @@ def test_an_offline_build_names_what_the_package_store_lacks(tmp_path: Path) -> 
     proc = subprocess.run(["python3", str(PKGSTORE), "wheels", "arm64", "--out", str(tmp_path / "wh"), "--offline"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 1 and "pyyaml==" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("arch", ["amd64", "arm64"])
+def test_a_cold_plugin_build_writes_the_same_executable(arch: str, tmp_path: Path) -> None:
+    script = REPO / "scripts" / "build-plugin.sh"
+    args = ["--arch", "arm64"] if arch == "arm64" else []
+    ordinary = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=3600)
+    assert ordinary.returncode == 0, ordinary.stderr[-3000:]
+    cold = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=3600,
+                          env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    assert "building the static plugin" in cold.stderr, "the cold build reused a cache"
+    built, again = Path(ordinary.stdout.strip().splitlines()[-1]), Path(cold.stdout.strip().splitlines()[-1])
+    assert again.is_relative_to(tmp_path)
+    assert again.read_bytes() == built.read_bytes(), f"a cold {arch} plugin build wrote other bytes"
+    assert (again.parent / "build-info.txt").read_text() == (built.parent / "build-info.txt").read_text()
