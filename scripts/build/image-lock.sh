@@ -66,11 +66,8 @@ rm -f "$WORK"/wheels/netclaim-*.whl
 for whl in "$WORK"/wheels/*.whl; do
     case "$whl" in
         *-none-any.whl) ;;
-        *) "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-               --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_36_aarch64 \
-               --platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 \
-               --platform manylinux2014_aarch64 --dest "$WORK/wheels" \
-               "$(basename "$whl" | sed -E 's/^([^-]+)-([^-]+)-.*/\1==\2/')" >&2 ;;
+        *) "$PY" "$HERE/pkgstore.py" download arm64 --dest "$WORK/wheels" \
+               "$(basename "$whl" | sed -E 's/^([^-]+)-([^-]+)-.*/\1==\2/')" ;;
     esac
 done
 

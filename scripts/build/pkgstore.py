@@ -6,6 +6,7 @@
     pkgstore.py epoch                              the lock's SOURCE_DATE_EPOCH
     pkgstore.py lock-debs ARCH DEB...              lock lines for these .debs (scripts/build/image-lock.sh)
     pkgstore.py lock-wheels WHEEL...               wheels.lock for these wheels (the same)
+    pkgstore.py download ARCH SPEC... --dest DIR   pip download of ARCH's wheels of SPEC (the same)
 
 Why a store and not the mirror: a Debian mirror serves one version of each package, and a
 package index serves whatever was uploaded last, so "build again" meant "build something else"
@@ -68,15 +69,12 @@ def store_dir() -> Path:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def keep(src: Path, dest: Path) -> None:
-    """Move a checked file into the store atomically (two builds may fetch the same file)."""
+    """Copy a checked file into the store atomically (two builds may fetch the same file)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
     shutil.copyfile(src, tmp)
@@ -218,8 +216,9 @@ def lock_debs(image_arch: str, paths: list[Path]) -> list[str]:
     lines = []
     for path in paths:
         f = deb_fields(path)
-        lines.append(f"{image_arch} {f['Package']} {f['Version']} {f['Architecture']} {sha256_of(path)}")
-        keep(path, store_dir() / "debs" / f"{sha256_of(path)}.deb")
+        digest = sha256_of(path)
+        lines.append(f"{image_arch} {f['Package']} {f['Version']} {f['Architecture']} {digest}")
+        keep(path, store_dir() / "debs" / f"{digest}.deb")
     return sorted(lines)
 
 
@@ -261,13 +260,18 @@ def stored_wheel(req: Requirement, image_arch: str, store: Path) -> Path | None:
     return None
 
 
+def pip_download(specs: list[str], image_arch: str, dest: Path) -> bool:
+    """pip download of binary wheels for the image's Python and machine (not this host's), no deps."""
+    platforms = [a for p in PIP_PLATFORMS[image_arch] for a in ("--platform", p)]
+    return subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                           "--no-deps", "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+                           "--abi", "cp311", *platforms, "--dest", str(dest), *specs],
+                          check=False, stdout=sys.stderr).returncode == 0
+
+
 def pip_fetch(req: Requirement, image_arch: str, store: Path) -> None:
     with tempfile.TemporaryDirectory(dir=store) as tmp:
-        platforms = [a for p in PIP_PLATFORMS[image_arch] for a in ("--platform", p)]
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                        "--no-deps", "--only-binary=:all:", "--python-version", "3.11", "--implementation",
-                        "cp", "--abi", "cp311", *platforms, "--dest", tmp, f"{req.name}=={req.version}"],
-                       check=False, stdout=sys.stderr)
+        pip_download([f"{req.name}=={req.version}"], image_arch, Path(tmp))
         for path in Path(tmp).glob("*.whl"):
             digest = sha256_of(path)
             if digest in req.hashes:
@@ -329,6 +333,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("files", type=Path, nargs="+")
     p = sub.add_parser("lock-wheels")
     p.add_argument("files", type=Path, nargs="+")
+    p = sub.add_parser("download")
+    p.add_argument("arch", choices=sorted(WHEEL_MACHINE))
+    p.add_argument("specs", nargs="+")
+    p.add_argument("--dest", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
         if args.cmd == "debs":
@@ -337,6 +345,9 @@ def main(argv: list[str]) -> int:
             make_wheelhouse(args.arch, args.out, args.offline)
         elif args.cmd == "epoch":
             print(lock_epoch())
+        elif args.cmd == "download":
+            if not pip_download(args.specs, args.arch, args.dest):
+                raise Refused(f"pip could not download {' '.join(args.specs)} for {args.arch}")
         elif args.cmd == "lock-debs":
             print("\n".join(lock_debs(args.arch, args.files)))
         else:

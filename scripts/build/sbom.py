@@ -59,11 +59,8 @@ def spdx_id(*parts: str) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def package(spdxid: str, name: str, version: str, *, sha256: str = "", purl: str = "", license: str = "NOASSERTION",

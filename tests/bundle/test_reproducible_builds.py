@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from cni_plugin import __version__
+
 from .conftest import REPO
 
 BUILD = REPO / "scripts" / "build-image.sh"
@@ -64,6 +66,11 @@ def images(archive: Path) -> dict[str, list[bytes]]:
         return out
 
 
+@pytest.fixture(scope="module")
+def platform_layers(archive: Path) -> dict[str, list[bytes]]:
+    return images(archive)
+
+
 def files_named(layers: list[bytes], pattern: str) -> dict[str, bytes]:
     found = {}
     for layer in layers:
@@ -95,8 +102,9 @@ def locked_debs(arch: str) -> set[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("arch", ["amd64", "arm64"])
-def test_the_image_holds_exactly_the_locked_debian_packages(archive: Path, arch: str) -> None:
-    [status] = files_named(images(archive)[arch], r"var/lib/dpkg/status").values()
+def test_the_image_holds_exactly_the_locked_debian_packages(platform_layers: dict[str, list[bytes]],
+                                                            arch: str) -> None:
+    [status] = files_named(platform_layers[arch], r"var/lib/dpkg/status").values()
     held = set()
     for stanza in status.decode().split("\n\n"):
         fields = dict(re.findall(r"^([A-Za-z-]+): (.*)$", stanza, re.M))
@@ -107,14 +115,15 @@ def test_the_image_holds_exactly_the_locked_debian_packages(archive: Path, arch:
 
 
 @pytest.mark.parametrize("arch", ["amd64", "arm64"])
-def test_the_publishers_venv_holds_the_locked_wheel_versions(archive: Path, arch: str) -> None:
+def test_the_publishers_venv_holds_the_locked_wheel_versions(platform_layers: dict[str, list[bytes]],
+                                                             arch: str) -> None:
     locked = dict(re.findall(r"^([a-z0-9-]+)==(\S+)", WHEELS_LOCK.read_text(), re.M))
-    metadata = files_named(images(archive)[arch], r"opt/netclaim/venv/lib/python3\.11/site-packages/[^/]+\.dist-info/METADATA")
+    metadata = files_named(platform_layers[arch], r"opt/netclaim/venv/lib/python3\.11/site-packages/[^/]+\.dist-info/METADATA")
     installed = {}
     for text in metadata.values():
         fields = dict(re.findall(r"^(Name|Version): (.*)$", text.decode(), re.M))
         installed[re.sub(r"[-_.]+", "-", fields["Name"]).lower()] = fields["Version"]
-    assert installed.pop("netclaim") == __import__("cni_plugin").__version__
+    assert installed.pop("netclaim") == __version__
     assert installed, "no dependency in the venv"
     for name, version in installed.items():
         assert locked.get(name) == version, f"{name} {version} in the {arch} venv; the lock says {locked.get(name)}"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from chartlib import CHART, helm
 from deploylib import REPO, Looker, own_cluster
 
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
-from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until  # noqa: E402
+from runtime.realcluster import RealCluster, entries_of, free_port, ready_status, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.containerd
 
@@ -110,12 +109,6 @@ class NodeFiles:
         except (FileNotFoundError, ValueError, KeyError):
             return False
         return plugins[-1]["type"] == "netclaim"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def helm_values(files: NodeFiles, cluster: RealCluster, tag: str, port: int) -> list[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from deploylib import CONF, REPO, netclaim_publisher_bin, parse_unit, python_env, terminate
+from runtime.realcluster import free_port  # noqa: E402 (deploylib puts the harness on the path)
 from cni_plugin.wire import encode_frame, read_frame
 from peers import run_as_uid
 
@@ -118,12 +119,6 @@ def systemd_directories(root: Path, dirs: dict[str, Path]) -> None:
     (root / "var" / "lib").chmod(0o755)
     (root / "etc").chmod(0o755)
     root.chmod(0o755)  # like / on a node: others may traverse it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def connect_as(uid: int, path: str) -> str:

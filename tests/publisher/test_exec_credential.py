@@ -10,6 +10,7 @@ real API server; a plugin that hands out a wrong token is an API error (exit 3),
 
 from __future__ import annotations
 
+import base64
 import json
 import stat
 import sys
@@ -43,7 +44,7 @@ def kubeconfig(tmp_path: Path, exec_spec: dict[str, Any], server: str = "https:/
     if ca_file:
         cluster["certificate-authority"] = ca_file
     else:
-        cluster["certificate-authority-data"] = __import__("base64").b64encode(CA).decode()
+        cluster["certificate-authority-data"] = base64.b64encode(CA).decode()
     doc = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
            "clusters": [{"name": "c", "cluster": cluster}],
            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
@@ -74,7 +75,7 @@ def test_the_plugins_token_is_the_credential_and_it_is_run_as_kubectl_runs_it(tm
     assert info["apiVersion"] == API and info["kind"] == "ExecCredential" and info["spec"]["interactive"] is False
     assert info["spec"]["cluster"]["server"] == "https://127.0.0.1:6443"
     assert info["spec"]["cluster"]["tls-server-name"] == "api.internal"
-    assert __import__("base64").b64decode(info["spec"]["cluster"]["certificate-authority-data"]) == CA
+    assert base64.b64decode(info["spec"]["cluster"]["certificate-authority-data"]) == CA
 
 
 def test_cluster_details_go_to_the_plugin_only_when_it_asks(tmp_path: Path) -> None:
