@@ -12,7 +12,11 @@ socket call gets only what is left of it, so a publisher that trickles its
 reply cannot stretch RunPodSandbox by a timeout per call. When the spool
 cannot take the event either, `handoffWaitMs` is the last chance: a
 publisher restart on a node with a read-only or full spool would otherwise
-lose every event of the second its socket is absent.
+lose every event of the second its socket is absent. A wait that ends without
+the publisher is remembered (`publisher-absent` in `stateDir`), and for
+QUIET_PERIOD after it no hand-off waits again unless a publisher has bound the
+socket since: a node left chained without its publisher (its spool soon at the
+cap) costs one pod start in QUIET_PERIOD the wait, not every pod start and stop.
 
 The socket counts only when root serves it (SO_PEERCRED of the listener):
 an event sent to a socket someone else bound at the configured path would
@@ -32,6 +36,8 @@ import _socket
 from . import posixos as os
 from . import wire
 from .errors import TRY_AGAIN_LATER, CNIError, config_error
+from .jsonio import JSONError, dumps, loads
+from .safefs import open_dir, open_private_dir, read_at, write_file_at
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -146,16 +152,30 @@ def deliver(event: wire.Event, conf: NetConf, log: Log, *, may_fail: bool) -> st
         spool_error = f"SpoolFull: {exc.strerror}"
     except OSError as exc:
         spool_error = f"{type(exc).__name__}: {exc}"
-    waited = _wait_for_publisher(conf, data)
-    if waited is not None:
-        log.info("event handed off after waiting for the publisher", op=event.op, eventID=event.event_id,
-                 waitedMs=round(waited * 1000), socketError=socket_error, spoolError=spool_error)
-        return ACKED
+    failed_at = last_failed_wait(conf) if conf.handoff_wait > 0 else None
+    skipped: dict[str, object] = {}
+    if failed_at is None:
+        waited = _wait_for_publisher(conf, data)
+        if waited is not None:
+            _forget_failed_wait(conf)
+            log.info("event handed off after waiting for the publisher", op=event.op, eventID=event.event_id,
+                     waitedMs=round(waited * 1000), socketError=socket_error, spoolError=spool_error)
+            return ACKED
+        waited_ms = round(conf.handoff_wait * 1000)
+        if waited_ms:
+            problem = _remember_failed_wait(conf)
+            if problem:
+                skipped["waitMarkerError"] = problem
+    else:
+        waited_ms = 0
+        skipped = {"waitSkipped": True, "lastFailedWaitAt": _iso(failed_at)}
     log.error("event not handed off", op=event.op, eventID=event.event_id, outcome=outcome,
-              socketError=socket_error, spoolError=spool_error, waitedMs=round(conf.handoff_wait * 1000))
+              socketError=socket_error, spoolError=spool_error, waitedMs=waited_ms, **skipped)
     if may_fail and conf.failure_policy == "Fail":
+        wait = (f"no wait: one ended without the publisher at {_iso(failed_at)}" if failed_at is not None
+                else f"waited {waited_ms} ms")
         raise CNIError(TRY_AGAIN_LATER, "cannot hand the event to netclaim-publisher (socket and spool both failed)",
-                       f"socket: {socket_error}; spool: {spool_error}")
+                       f"socket: {socket_error}; spool: {spool_error}; {wait}")
     return outcome
 
 
@@ -167,7 +187,8 @@ def _wait_for_publisher(conf: NetConf, data: bytes) -> float | None:
 
     Only reached when neither channel took the event, which a publisher restart
     on a node whose spool is read-only or full produces for about a second; the
-    pod waits at most this long, and only on a node already in that state.
+    pod waits at most this long, and only on a node already in that state and
+    not within QUIET_PERIOD of a wait that ended without the publisher.
     Returns the seconds waited once the publisher acked, None when it never did.
     """
     start = time.monotonic()
@@ -182,6 +203,101 @@ def _wait_for_publisher(conf: NetConf, data: bytes) -> float | None:
             return time.monotonic() - start
         except (OSError, EOFError, wire.WireError):
             continue
+
+
+# ---------------------------------------------------------------- a wait that ended without the publisher
+#
+# A publisher restart lasts about a second; a publisher that is gone for good (a node left chained
+# after `helm uninstall` missed it, a crash-looping container, a disabled unit) fills the spool to
+# its cap, and without a memory of the failed wait every later ADD, DEL and CHECK would wait
+# `handoffWaitMs` for nothing. So a wait that ends without the publisher leaves the marker
+# `publisher-absent` ({"socketPath", "waitFailedAt"}), and a hand-off that finds neither channel
+# within QUIET_PERIOD of it loses (or, under Fail, refuses) its event at once, still counted in the
+# spool's overflow marker, unless a publisher has bound the socket since (its ctime is newer:
+# a restarted publisher binds a new socket), which earns one more wait.
+#
+# The marker lives in `stateDir`, not in the spool: a read-only spool is exactly when the wait
+# matters, so the spool is no place to remember it; stateDir is the plugin's own 0700 directory
+# (opened like the state files: no link followed, every ancestor trusted), which the publisher
+# never reads, and its names (`<network>:...state.json`) cannot collide with this one. When
+# stateDir cannot be written either, nothing is remembered and every hand-off waits, as before.
+# No fsync: a crash that loses the marker costs one more wait.
+
+QUIET_PERIOD = 120.0  # seconds after a failed wait in which no hand-off waits again
+ABSENT_NAME = "publisher-absent"
+_ABSENT_LIMIT = 4096  # the marker is ~100 bytes; anything bigger is not ours
+
+
+def last_failed_wait(conf: NetConf) -> float | None:
+    """When (time.time()) a wait for this socket's publisher ended without it, if that was within
+    QUIET_PERIOD and no publisher has bound the socket since; else None (the hand-off waits)."""
+    if not conf.state_dir:
+        return None
+    try:
+        dfd = open_dir(conf.state_dir, 0o700, create=False)
+    except OSError:
+        return None
+    try:
+        raw = read_at(dfd, ABSENT_NAME, _ABSENT_LIMIT)
+        marker = loads(raw.decode())
+    except (OSError, UnicodeDecodeError, JSONError):
+        return None
+    finally:
+        os.close(dfd)
+    if not isinstance(marker, dict) or marker.get("socketPath") != conf.socket_path:
+        return None
+    failed_at = marker.get("waitFailedAt")
+    if isinstance(failed_at, bool) or not isinstance(failed_at, (int, float)):
+        return None
+    if not 0 <= time.time() - failed_at < QUIET_PERIOD:  # older, or a clock set back: wait again
+        return None
+    if _bound_since(conf.socket_path, failed_at):
+        return None
+    return float(failed_at)
+
+
+def _bound_since(socket_path: str, when: float) -> bool:
+    """Has something (a restarted publisher) created the socket file after `when`?"""
+    try:
+        return os.lstat(socket_path).st_ctime > when
+    except OSError:
+        return False
+
+
+def _remember_failed_wait(conf: NetConf) -> str:
+    """Write the marker (0600 in the 0700 stateDir, temp file + rename); "" or why it could not be."""
+    if not conf.state_dir:
+        return "no valid stateDir"
+    marker = {"socketPath": conf.socket_path, "waitFailedAt": time.time()}
+    try:
+        dfd = open_private_dir(conf.state_dir)
+        try:
+            write_file_at(dfd, ABSENT_NAME, dumps(marker).encode(), sync=False)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def _forget_failed_wait(conf: NetConf) -> None:
+    """The publisher acked: the next hand-off that finds neither channel waits again."""
+    if not conf.state_dir:
+        return
+    try:
+        dfd = open_dir(conf.state_dir, 0o700, create=False)
+    except OSError:
+        return
+    try:
+        os.unlink(ABSENT_NAME, dir_fd=dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def _iso(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
 
 
 def _too_large(event: wire.Event, conf: NetConf, log: Log, problem: str, may_fail: bool) -> str:
