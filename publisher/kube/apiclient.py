@@ -205,7 +205,7 @@ def from_kubeconfig(kubeconfig: str, allow_exec: bool = False) -> Endpoint:
         from publisher.kube import execcred
 
         try:
-            cred = execcred.run(user["exec"], user_name, cluster, ca_pem)
+            cred = execcred.run(user["exec"], user_name, cluster, ca_pem, user_base)
         except execcred.ExecError as exc:
             raise ConfigError(str(exc)) from None
         token = checked_token(cred.token, f"user {user_name!r} exec plugin's token") if cred.token else token

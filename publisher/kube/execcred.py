@@ -5,11 +5,15 @@ kubelogin, ...) that prints an ExecCredential. `netclaim-publisher fleet` runs o
 machine with such a kubeconfig, so it runs the plugin as kubectl does: the kubeconfig's command,
 args and env, KUBERNETES_EXEC_INFO describing the call (not interactive: stdin is not passed on;
 the plugin's stderr is, for its messages), the cluster's details when `provideClusterInfo` asks.
+The command is found where kubectl finds it (client-go's rule for a kubeconfig's file
+references): a bare name in PATH; a relative path such as `./bin/get-token` in the directory of
+the kubeconfig file that names it, wherever `fleet` is run from.
 It runs once per invocation: a one-shot command outlives no token, so there is no refresh.
 
 The node agent never runs one (publisher/kube/apiclient.py refuses `exec` there): a credential on
 a node is a file the kubelet or the operator keeps fresh, not a program run from the service.
-What the plugin prints is a credential: it is never logged or put into an error message.
+What the plugin prints is a credential: it is never logged or put into an error message, and
+neither are its args (a time-out names the command only).
 """
 
 from __future__ import annotations
@@ -70,9 +74,21 @@ def _checked_spec(spec: dict[str, Any], user_name: str) -> tuple[str, list[str],
     return command, args, env, api_version
 
 
-def run(spec: dict[str, Any], user_name: str, cluster: dict[str, Any], ca_pem: bytes) -> ExecCredential:
-    """Run the plugin once and return what it printed as a credential."""
+def resolved_command(command: str, base: str) -> str:
+    """The command as kubectl runs it: one with a path separator that is not absolute is relative
+    to `base`, the directory of the kubeconfig file that names it (as are its tokenFile and
+    certificate files); a bare name is left to the PATH lookup."""
+    if base and os.sep in command and not os.path.isabs(command):
+        return os.path.normpath(os.path.join(base, command))
+    return command
+
+
+def run(spec: dict[str, Any], user_name: str, cluster: dict[str, Any], ca_pem: bytes,
+        base: str = "") -> ExecCredential:
+    """Run the plugin once and return what it printed as a credential. `base`: the directory of the
+    kubeconfig file the user came from (a relative command is found there)."""
     command, args, env, api_version = _checked_spec(spec, user_name)
+    command = resolved_command(command, base)
     where = f"user {user_name!r} exec plugin {command!r}"
     info: dict[str, Any] = {"apiVersion": api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
     if spec.get("provideClusterInfo"):
@@ -84,7 +100,9 @@ def run(spec: dict[str, Any], user_name: str, cluster: dict[str, Any], ca_pem: b
     except FileNotFoundError:
         hint = spec.get("installHint") or ""
         raise ExecError(f"{where}: not found{': ' + ' '.join(str(hint).split()) if hint else ''}") from None
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:  # its message would repeat the args, which may hold secrets
+        raise ExecError(f"{where}: gave no credential within {TIMEOUT:.0f} s (stopped)") from None
+    except OSError as exc:  # names the command's file at most
         raise ExecError(f"{where}: {type(exc).__name__}: {exc}") from None
     if proc.returncode != 0:
         raise ExecError(f"{where} exited {proc.returncode} (its messages are above)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import stat
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import yaml
 from click.testing import CliRunner
 
 from publisher import cli
+from publisher.kube import execcred
 from publisher.kube.apiclient import ConfigError, from_kubeconfig
 from publisher.observe import fleet as fleetmod
 
@@ -113,6 +115,33 @@ def test_a_missing_plugin_names_its_install_hint(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found: install the cloud CLI"):
         from_kubeconfig(kubeconfig(tmp_path, {"command": str(tmp_path / "absent"),
                                               "installHint": "install the cloud CLI"}), allow_exec=True)
+
+
+def test_a_relative_command_is_the_one_beside_the_kubeconfig_wherever_fleet_runs(tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    """As kubectl: `./bin/get-token` is relative to the kubeconfig file's directory, not to the
+    current one; a bare name is looked up in PATH."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    for where, token in ((home, "from-beside-the-kubeconfig"), (elsewhere, "from-the-current-directory")):
+        (where / "bin").mkdir(parents=True)
+        plugin(where / "bin", prints({"token": token}))
+    config = kubeconfig(home, {"command": "./bin/get-token"})
+    monkeypatch.chdir(elsewhere)  # which has a bin/get-token of its own
+    assert from_kubeconfig(config, allow_exec=True).token == "from-beside-the-kubeconfig"
+    assert not (elsewhere / "bin" / "seen.json").exists(), "the current directory's plugin ran"
+    monkeypatch.setenv("PATH", f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert from_kubeconfig(kubeconfig(home, {"command": "get-token"}), allow_exec=True).token \
+        == "from-beside-the-kubeconfig"
+
+
+def test_a_plugin_that_hangs_is_stopped_and_its_args_are_not_repeated(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(execcred, "TIMEOUT", 0.5)
+    cmd = plugin(tmp_path, "import time; time.sleep(60)\n")
+    with pytest.raises(ConfigError) as err:
+        from_kubeconfig(kubeconfig(tmp_path, {"command": str(cmd), "args": ["--client-secret", "secret-xyz"]}),
+                        allow_exec=True)
+    assert "gave no credential within" in str(err.value) and str(cmd) in str(err.value)
+    assert "secret" not in str(err.value), "a plugin's args may hold a secret: never in an error"
 
 
 def test_the_node_agent_refuses_an_exec_user_without_running_it(tmp_path: Path) -> None:
