@@ -69,6 +69,7 @@ API_PURPOSES = ("resolve-watch", "resolve-get", "apply", "verify", "reconcile", 
 EVENT_RESULTS = ("created", "failed", "deduplicated", "series_updated", "dropped", "disabled")
 INTERFACE_CHANGES = ("LinkDown", "NoCarrier", "AddressLost", "InterfaceGone", "Recovered", "AddressesChanged",
                      "MacChanged", "Changed")
+LIVE_JOURNAL_STEPS = ("read", "write", "retire")  # publisher/live/watcher.py: its journal steps that can fail
 APPLY_ERROR_CODES = ("409", "422")  # the refusals an apply meets in practice (a 403 is retried, not counted)
 UNKNOWN_FIELD_OTHER = "(other)"  # publisher/intake/spool.py: names past its cap
 # An API request's latency, from sending it until its answer is read (a watch: until its stream opens):
@@ -210,6 +211,10 @@ class Metrics:
                                   "watch follows in their netns", registry=r)
         self.live_namespaces = Gauge("netclaim_interface_watched_namespaces", "Pod network namespaces the live "
                                      "watch holds sockets in", registry=r)
+        self.live_journal_errors = preset(Counter(
+            "netclaim_interface_watch_journal_errors_total", "Journal steps of the live interface watch that "
+            "failed (read, write, retire) and are tried again after a backoff", ["step"], registry=r),
+            *LIVE_JOURNAL_STEPS)
         self.http_refused = Counter(
             "netclaim_http_connections_refused_total", "Connections to /metrics, /healthz, /readyz closed at "
             "once because every handler was busy and the queue was full", registry=r)
