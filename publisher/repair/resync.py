@@ -205,13 +205,20 @@ class Housekeeping:
             uids, self._deleted_pods = self._deleted_pods, set()
         if not uids:
             return
-        claims = sorted({(a.claim_namespace, a.claim_name) for a in self.journal.all_attachments()
-                         if a.pod_uid in uids})
-        if claims:
+        try:
+            claims = sorted({(a.claim_namespace, a.claim_name) for a in self.journal.all_attachments()
+                             if a.pod_uid in uids})
+            if claims:
+                with self._guard:
+                    for ns, name in claims:
+                        self._causes.setdefault(f"{ns}/{name}", "pod_deleted")
+                self.journal.finish(None, "", "", dirty=claims)
+        except BaseException:
+            # The journal failed (the step backs off and tries again): dropped, these deletions would
+            # leave their pods' entries shown until a DEL or the safety net, a day later.
             with self._guard:
-                for ns, name in claims:
-                    self._causes.setdefault(f"{ns}/{name}", "pod_deleted")
-            self.journal.finish(None, "", "", dirty=claims)
+                self._deleted_pods |= uids
+            raise
 
     def verify_due(self) -> None:
         """The safety net: verify the claims whose due time came, a few per iteration."""
