@@ -406,9 +406,10 @@ def event_request(event: Event) -> dict:
 # fill the node's disk. An event over the cap is not written; the drop is
 # counted in the marker file `overflow` (no `.json` suffix, so no listing
 # mistakes it for an event), which the publisher reports and takes away.
-# The marker is updated under flock(2) on the spool directory itself, not on
-# the marker: the marker is replaced by rename, so a lock on it would guard
-# an inode that the next writer no longer opens, and counts would be lost.
+# The marker is updated (in place) under flock(2) on the spool directory
+# itself, not on the marker: the publisher takes it away by rename, so a lock
+# on it would guard an inode that the next writer no longer opens, and counts
+# would be lost.
 # The directory is opened component by component without following links
 # (cni_plugin/safefs.py) and chmod-ed through that fd only. Temp files count
 # against the caps while their writer lives; those of dead writers are removed.
@@ -424,6 +425,7 @@ DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 OVERFLOW_NAME = "overflow"
 _ENOSPC = 28
 _EFBIG = 27
+_EDQUOT = 122
 
 
 class SpoolFull(OSError):
@@ -435,30 +437,41 @@ def spool_name(event: Event) -> str:
     return f"{time.time_ns():020d}-{event.event_id}{SPOOL_SUFFIX}"
 
 
-def spool_usage(dir_fd: int) -> tuple[int, int]:
+def spool_usage(dir_fd: int, max_files: int | None = None) -> tuple[int, int]:
     """(files, bytes) the spool holds: events plus temp files of live writers.
 
     Temp files of dead writers (a plugin killed mid-write) are removed here,
     so nothing leaks; those of live ones count, so concurrent writers cannot
-    hide bytes from the caps.
+    hide bytes from the caps. With `max_files`, a spool already holding that
+    many files is not stat-ed: the file cap alone refuses the event, and on a
+    node whose publisher is gone every hand-off finds the spool so (a stat per
+    file is most of the cost of a hand-off then); its bytes are returned as -1.
     """
+    names = []
+    for name in os.listdir(dir_fd):
+        if name.endswith(TMP_SUFFIX) and stale_temp(name):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+        elif name.endswith(SPOOL_SUFFIX) or name.endswith(TMP_SUFFIX):
+            names.append(name)
+    if max_files is not None and len(names) >= max_files:
+        return len(names), -1
     count = size = 0
-    with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            name = entry.name
-            if name.endswith(TMP_SUFFIX) and stale_temp(name):
-                try:
-                    os.unlink(name, dir_fd=dir_fd)
-                except FileNotFoundError:
-                    pass
-                continue
-            if name.endswith(SPOOL_SUFFIX) or name.endswith(TMP_SUFFIX):
-                try:
-                    size += entry.stat(follow_symlinks=False).st_size
-                except FileNotFoundError:
-                    continue
-                count += 1
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        size += st.st_size
+        count += 1
     return count, size
+
+
+def _full(count: int, size: int, max_files: int, max_bytes: int) -> str:
+    held = f"{count} files" if size < 0 else f"{count} files, {size} bytes"
+    return f"spool is full ({held}; caps {max_files}, {max_bytes})"
 
 
 def write_spool(spool_dir: str, event: Event, max_files: int = DEFAULT_SPOOL_MAX_FILES,
@@ -476,10 +489,10 @@ def write_spool(spool_dir: str, event: Event, max_files: int = DEFAULT_SPOOL_MAX
         data = encode_event(event)
     dfd = open_private_dir(spool_dir)
     try:
-        count, size = spool_usage(dfd)
+        count, size = spool_usage(dfd, max_files)
         if count + 1 > max_files or size + len(data) > max_bytes:
             record_overflow(dfd, event.op)
-            raise SpoolFull(_ENOSPC, f"spool is full ({count} files, {size} bytes; caps {max_files}, {max_bytes})")
+            raise SpoolFull(_ENOSPC, _full(count, size, max_files, max_bytes))
         name = spool_name(event)
         write_file_at(dfd, name, data, sync=False)  # no fsync: see the comment above DEFAULT_SPOOL_MAX_FILES
     finally:
@@ -501,9 +514,9 @@ def spool_problem(spool_dir: str, max_files: int = DEFAULT_SPOOL_MAX_FILES,
     except OSError as exc:
         return f"spool dir: {type(exc).__name__}: {exc}"
     try:
-        count, size = spool_usage(dfd)
+        count, size = spool_usage(dfd, max_files)
         if count + 1 > max_files or size >= max_bytes:
-            return f"spool is full ({count} files, {size} bytes; caps {max_files}, {max_bytes})"
+            return _full(count, size, max_files, max_bytes)
         fs = os.fstatvfs(dfd)
         if fs.f_bavail * fs.f_frsize < MAX_EVENT_BYTES or fs.f_favail == 0:
             return (f"spool file system is full ({fs.f_bavail * fs.f_frsize} bytes, {fs.f_favail} inodes free; "
@@ -563,25 +576,71 @@ def list_spool(spool_dir: str) -> list[str]:
 
 
 def record_overflow(dir_fd: int, command: str) -> dict:
-    """Count one dropped event in the marker, under the directory's lock; returns the marker."""
+    """Count one dropped event in the marker, under the directory's lock; returns the marker.
+
+    The marker is rewritten in place (one pwrite of a fixed-width record at
+    offset 0), not replaced by rename: on a node whose publisher is gone every
+    pod start and stop lands here, and ext4 writes a file renamed over another
+    out to disk before the rename (auto_da_alloc), a flush per pod start. In
+    place it is a page-cache write, and on a full file system it still counts
+    (the block is already there). No fsync, like an event file: an OS crash
+    that loses the count destroyed the sandboxes whose events it counted.
+    Anything but a plain file of ours at the name is replaced as before.
+    """
     import fcntl
 
     fcntl.flock(dir_fd, fcntl.LOCK_EX)
     try:
+        fd = _open_marker(dir_fd)
+        if fd is None:
+            marker = _next_marker({}, command)
+            write_file_at(dir_fd, OVERFLOW_NAME, _marker_record(marker), sync=False)
+            return marker
         try:
-            current = _parse_overflow(read_at(dir_fd, OVERFLOW_NAME, _MARKER_LIMIT)) or {}
-        except FileNotFoundError:
-            current = {}
-        now = time.time()
-        marker = {"dropped": current.get("dropped", 0) + 1, "firstDroppedAt": current.get("firstDroppedAt", now),
-                  "lastDroppedAt": now, "lastCommand": command}
-        write_file_at(dir_fd, OVERFLOW_NAME, dumps(marker).encode())
+            current = os.pread(fd, _MARKER_LIMIT + 1, 0)
+            marker = _next_marker((_parse_overflow(current) if len(current) <= _MARKER_LIMIT else None) or {},
+                                  command)
+            record = _marker_record(marker)
+            if os.pwrite(fd, record, 0) != len(record):
+                raise OSError(_ENOSPC, "overflow marker: short write")
+            if len(current) > len(record):
+                os.ftruncate(fd, len(record))
+        finally:
+            os.close(fd)
     finally:
         fcntl.flock(dir_fd, fcntl.LOCK_UN)
     return marker
 
 
 _MARKER_LIMIT = 4096  # the marker is ~120 bytes; anything bigger is not ours
+_MARKER_WIDTH = 256  # every write of the marker is this long (JSON, then spaces): it never leaves a tail
+_S_IFMT, _S_IFREG = 0o170000, 0o100000
+
+
+def _open_marker(dir_fd: int) -> int | None:
+    """The marker opened for update (created when missing), or None when the name is not a plain file of ours."""
+    try:
+        fd = os.open(OVERFLOW_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (_ENOSPC, _EDQUOT):
+            raise
+        return None  # a symlink (ELOOP), a directory (EISDIR), ...: replaced by write_file_at
+    st = os.fstat(fd)
+    if st.st_mode & _S_IFMT != _S_IFREG or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        os.close(fd)
+        return None
+    return fd
+
+
+def _next_marker(current: dict, command: str) -> dict:
+    now = time.time()
+    return {"dropped": current.get("dropped", 0) + 1, "firstDroppedAt": current.get("firstDroppedAt", now),
+            "lastDroppedAt": now, "lastCommand": command}
+
+
+def _marker_record(marker: dict) -> bytes:
+    return dumps(marker).encode().ljust(_MARKER_WIDTH)
 
 
 def _parse_overflow(data: bytes) -> dict | None:
@@ -609,6 +668,9 @@ def read_overflow(spool_dir: str) -> dict | None:
     except OSError:
         return None
     try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_SH)  # an update in place is never read half-written
         return _parse_overflow(read_at(fd, OVERFLOW_NAME, _MARKER_LIMIT))
     except OSError:
         return None

@@ -136,6 +136,34 @@ def test_corrupt_marker_reads_as_none_and_restarts(tmp_path: Path) -> None:
     assert wire.read_overflow(str(spool))["dropped"] == 1
 
 
+def test_the_marker_is_updated_in_place_without_fsync_and_never_through_a_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node without its publisher counts every pod start and stop: no flush, no rename per drop."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    spool = tmp_path / "spool"
+    wire.write_spool(str(spool), _event(), max_files=1)
+    outside = tmp_path / "outside"
+    outside.write_text("not the marker")
+    (spool / "overflow").symlink_to(outside)
+    with pytest.raises(wire.SpoolFull):
+        wire.write_spool(str(spool), _event(cid="c2"), max_files=1)
+    assert outside.read_text() == "not the marker" and not (spool / "overflow").is_symlink()
+    assert wire.read_overflow(str(spool))["dropped"] == 1
+    (spool / "overflow").write_text(json.dumps({"dropped": 7, "firstDroppedAt": 1.0, "lastDroppedAt": 2.0,
+                                                "lastCommand": "DEL"}) + " " * 2000)  # longer than any update
+    inode = (spool / "overflow").stat().st_ino
+    for cid in ("c3", "c4"):
+        with pytest.raises(wire.SpoolFull):
+            wire.write_spool(str(spool), _event(op="CHECK", cid=cid), max_files=1)
+    marker = wire.read_overflow(str(spool))
+    assert marker["dropped"] == 9 and marker["firstDroppedAt"] == 1.0 and marker["lastCommand"] == "CHECK"
+    assert (spool / "overflow").stat().st_ino == inode and (spool / "overflow").stat().st_size < 2000
+    assert synced == [], "the count is written like an event file: no fsync"
+    assert wire.take_overflow(str(spool))["dropped"] == 9
+
+
 def test_parallel_plugin_processes_lose_no_count(plugin_exe: str, dirs: Dirs) -> None:
     """Many real plugin processes at once over a full spool: every drop is counted."""
     wire.write_spool(dirs.spool, _event(cid="seed"))
