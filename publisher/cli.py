@@ -194,7 +194,11 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
 @click.option("--driver-name", "driver_names", envvar="NETCLAIM_DRIVER_NAMES", show_envvar=True, multiple=True,
               help="A DRA driver netclaim reports for (repeatable; the variable: space-separated). A Running pod "
                    "with a claim of one of them whose sandbox never ran netclaim gets a NetclaimNotChained "
-                   "Warning Event (empty: not looked for).")
+                   "Warning Event (none here nor in --drivers-file: not looked for, and the start says so).")
+@click.option("--drivers-file", envvar="NETCLAIM_DRIVERS_FILE", show_envvar=True, default="",
+              help="A file of more driver names, as scripts/install.sh records them: one `DRIVER CONFLIST` line "
+                   "per conflist it chained netclaim into (the systemd unit: /etc/netclaim/drivers). Read again "
+                   "whenever it changes; missing: it names none.")
 @click.option("--unchained-grace", envvar="NETCLAIM_UNCHAINED_GRACE", show_envvar=True, default=30.0,
               show_default=True, type=click.FloatRange(1, 3600),
               help="Seconds after a claimed pod is seen Running before a missing ADD counts as not chained.")
@@ -213,8 +217,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, sibling_hold: float, verify_after: float,
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
-        unchained_grace: float, durable_commits: str, live_watch: bool, device_id_attributes: tuple[str, ...],
-        **node_lease: Any) -> None:
+        drivers_file: str, unchained_grace: float, durable_commits: str, live_watch: bool,
+        device_id_attributes: tuple[str, ...], **node_lease: Any) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
     import sqlite3
 
@@ -252,7 +256,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                         verify_after=verify_after, verify_spread=verify_spread,
                         claim_window=claim_window, max_claim_windows=max_claim_windows,
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
-                        driver_names=driver_names, unchained_grace=unchained_grace,
+                        driver_names=driver_names, drivers_file=drivers_file, unchained_grace=unchained_grace,
                         durable_commits=durable, live_watch=live_watch, device_id_attributes=id_attributes,
                         node_lease=nodelease.settings_from(node_lease, node_name, kubeconfig))
     done = threading.Event()
@@ -287,7 +291,12 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                                          "spool_dir": spool_dir, "metrics": metrics_address,
                                          "probes": probe_address,
                                          "emit_events": emit_events,
+                                         "driver_names": sorted(service.unchained.drivers),
                                          "journal_depth": service.journal.depth()})
+    unchained_off = service.unchained.off_reason()
+    if unchained_off:
+        log.warning("pods started without netclaim in their chain are not reported (the unchained check is "
+                    "off): " + unchained_off, extra={"drivers_file": drivers_file or None})
     log.info("journal commits " + ("fsync before the ack" if durable else "ack without fsync (the boot rule covers an "
                                                                          "OS crash)"), extra={"why": why})
     done.wait()

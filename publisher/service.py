@@ -68,6 +68,7 @@ class Settings:
     retry_cap: float = 5.0
     emit_events: bool = True
     driver_names: tuple[str, ...] = ()  # netclaim's drivers: pods started while unchained are reported
+    drivers_file: str = ""  # more of them, one `DRIVER CONFLIST` line each, as scripts/install.sh records them
     unchained_grace: float = 30.0
     durable_commits: bool = False  # fsync every journal commit (publisher/journal/durability.py decides)
     live_watch: bool = True  # follow each attachment's interface in its netns (publisher/live/)
@@ -95,7 +96,8 @@ class Service:
         self.report = Reporter(metrics, self.events)
         self.pods = PodCache(kube, settings.node_name, self.stopping)
         self.unchained = UnchainedPods(kube, settings.driver_names, self.events.warn, self._attached_pods,
-                                       self.journal.oldest_received, metrics, settings.unchained_grace)
+                                       self.journal.oldest_received, metrics, settings.unchained_grace,
+                                       settings.drivers_file)
         self.pods.observers.append(self.unchained.observe)
         self.writer = Writer(kube, settings.node_name, self.stopping, metrics.apply_skips.inc,
                              settings.retry_base, settings.retry_cap,
@@ -412,6 +414,7 @@ class Service:
                             "reloads": api.reloads, "last_reload": api.last_reload or None},
             "spool_overflow": dict(self.intake.overflow),
             "live_watch": self.live_watch.state(),
+            "unchained_check": self.unchained.state(),
             "threads_down": dict(self.down),
             "housekeeping_steps": {k: {"failures": v.failures, "error": v.error}
                                    for k, v in self.housekeeping.steps.items() if v.failures},

@@ -39,6 +39,10 @@ def text(st: dict[str, Any], found: list[str]) -> str:
                  f"{oldest['op']} {oldest['containerID'][:12]}/{oldest['ifname']} age {oldest['age_seconds']}s "
                  f"attempts {oldest['attempts']} {oldest['last_error']}"))
     lines.append(f"attachments:     {st['attachments']}")
+    check = st.get("unchained_check")
+    if check is not None:  # an older publisher's answer has none
+        off = check.get("off_reason")
+        lines.append("unchained check: " + (f"off: {off}" if off else ", ".join(check.get("driver_names") or [])))
     err = st.get("last_error")
     lines.append("last error:      " + ("-" if not err else
                                        f"{_age(err.get('time'))} {err.get('claim', '')} {err.get('error')}"))

@@ -9,8 +9,9 @@ and nothing else says why. This module tells the operator: a pod that
 - runs on this node (phase Running) and is not hostNetwork (those have no CNI ADD),
 - declares a claim (spec.resourceClaims or a DRA extended-resource claim),
 - sent no ADD that this publisher handled, and has no attachment in the journal,
-- and, read last, has a claim allocated to one of netclaim's drivers, reserved for
-  it, with no entry of those drivers in its status,
+- and, read last, has a claim allocated to one of netclaim's drivers (the flags' and the
+  installer's drivers file's: publisher/repair/drivers.py), reserved for it, with no entry
+  of those drivers in its status,
 
 gets one Warning Event (reason NetclaimNotChained) and counts in
 netclaim_pods_unchained (now) and netclaim_pods_unchained_reported_total (ever).
@@ -54,6 +55,7 @@ from typing import Any, Callable, Iterable
 from publisher import logs
 from publisher.clock import boot_began_wall, node_seconds
 from publisher.observe.events import claim_ref, pod_ref
+from publisher.repair.drivers import DriverNames
 from publisher.kube.calls import ApiError, Kube, NotFound
 from publisher.reconcile.resolver import device_key, pod_claim_names
 
@@ -135,9 +137,11 @@ class UnchainedPods:
 
     def __init__(self, kube: Kube, drivers: Iterable[str], warn: Callable[..., bool],
                  attached_pods: Callable[[], set[str]], pending_since: Callable[[], float | None],
-                 metrics: Any = None, grace: float = DEFAULT_GRACE) -> None:
+                 metrics: Any = None, grace: float = DEFAULT_GRACE, drivers_file: str = "") -> None:
         self.kube = kube
-        self.drivers = frozenset(d for d in drivers if d)
+        # netclaim's drivers: the given ones and the installer's drivers file (read again when it changes)
+        self.names = DriverNames(tuple(drivers), drivers_file)
+        self.drivers = self.names.current()
         self.warn = warn  # EventRecorder.warn
         self.attached_pods = attached_pods  # pod UIDs with an attachment in the journal
         self.pending_since = pending_since  # node time the oldest pending journal event was received, or None
@@ -157,7 +161,27 @@ class UnchainedPods:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.drivers)
+        """Pods are watched for: drivers are known, or a drivers file may name some later."""
+        return bool(self.drivers) or bool(self.names.path)
+
+    def refresh(self) -> frozenset[str]:
+        """The driver names now (the drivers file may have changed: a network installed or removed)."""
+        names = self.names.current()
+        with self._lock:
+            before, self.drivers = self.drivers, names
+        if names != before:
+            self.log.info("driver names changed", extra={"drivers": sorted(names), "before": sorted(before),
+                                                         "drivers_file": self.names.path})
+        return names
+
+    def off_reason(self) -> str:
+        """Why pods started without netclaim are not reported now ("" when they are)."""
+        return self.names.off_reason()
+
+    def state(self) -> dict[str, Any]:
+        """For `status`: the drivers looked for, where they come from, and why the check is off."""
+        return {"driver_names": sorted(self.refresh()), "drivers_file": self.names.path or None,
+                "off_reason": self.off_reason()}
 
     # ------------------------------------------------------------ inputs
 
@@ -237,6 +261,8 @@ class UnchainedPods:
 
     def sweep(self) -> int:
         """Judge every pod whose grace period is over; the number of pods reported."""
+        if not self.refresh():
+            return 0  # no driver yet (an empty drivers file): the suspects wait for one
         now = node_seconds()
         with self._lock:
             due = [c for c in self._tracked.values() if not c.flagged and c.due <= now]
