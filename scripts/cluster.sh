@@ -53,7 +53,8 @@
 #   scripts/cluster.sh down                stop everything `up` started and leave the host as it was
 #   scripts/cluster.sh install-netclaim    the operator way: scripts/install.sh chains the plugin into the
 #                                          conflist in containerd's CNI conf dir; the publisher runs as a
-#                                          node service with the shipped RBAC and a Node-bound token
+#                                          node service with the shipped RBAC and a Node-bound token,
+#                                          told its drivers by the drivers file install.sh writes (nc/drivers)
 #                                          (NETCLAIM_REQUEST: the claim request eth0 reports under)
 #   scripts/cluster.sh uninstall-netclaim  stop the publisher, remove the plugin from the chain
 #   scripts/cluster.sh import-image FILE   import an OCI/docker image archive into containerd (k8s.io)

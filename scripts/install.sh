@@ -2,12 +2,13 @@
 # Install (or remove) the netclaim CNI plugin on one node.
 #
 #   scripts/install.sh --conflist FILE --driver-name NAME [options]   install or update
-#   scripts/install.sh --conflist FILE --uninstall [--cni-bin-dir DIR] [--log-file FILE]   remove again
+#   scripts/install.sh --conflist FILE --uninstall [--cni-bin-dir DIR] [--log-file FILE] [--drivers-file FILE]   remove again
 #
 # Several networks (containerd's own multi-network: max_conf_num > 1, one conflist per interface
 # eth0, eth1, ...): run the installer once per conflist, each with its own --driver-name and
 # --request; --uninstall removes the plugin executable (and --log-file) only with the last
-# netclaim entry left in that conflist's directory.
+# netclaim entry left in that conflist's directory. The publisher learns every driver from the
+# drivers file (below): each install writes its conflist's line, each --uninstall drops it.
 #   scripts/install.sh --print [options]                              show the plugin and the entry
 #
 # Options:
@@ -20,6 +21,10 @@
 #   --state-dir DIR        the publisher's state directory (created 0700)
 #   --log-file FILE        the plugin's log file (JSON lines, rotated to FILE.1 at 1 MiB; default:
 #                          none); with --uninstall, FILE and FILE.1 are removed
+#   --drivers-file FILE    where the publisher reads netclaim's drivers (default /etc/netclaim/drivers,
+#                          what the systemd unit passes it, or $NETCLAIM_DRIVERS_FILE): one line
+#                          `DRIVER CONFLIST` per conflist installed; --uninstall drops that conflist's
+#                          line (give it the same FILE) and the file with its last line
 #   --failure-policy P     Ignore (default: a pod never fails because of netclaim) or Fail
 #   --bundle FILE          the self-contained plugin executable to install (default: `netclaim`
 #                          beside this script or in ../bin (the image's /opt/netclaim/bin), else
@@ -61,6 +66,7 @@ SOCKET=""
 SPOOL_DIR=""
 STATE_DIR=""
 LOG_FILE=""
+DRIVERS_FILE="${NETCLAIM_DRIVERS_FILE:-/etc/netclaim/drivers}"
 FAILURE_POLICY=""
 BUNDLE=""
 PYTHON=""
@@ -83,6 +89,7 @@ parse_args() {
             --spool-dir) SPOOL_DIR="${2:?--spool-dir needs a value}"; shift 2 ;;
             --state-dir) STATE_DIR="${2:?--state-dir needs a value}"; shift 2 ;;
             --log-file) LOG_FILE="${2:?--log-file needs a value}"; shift 2 ;;
+            --drivers-file) DRIVERS_FILE="${2:?--drivers-file needs a value}"; shift 2 ;;
             --failure-policy) FAILURE_POLICY="${2:?--failure-policy needs a value}"; shift 2 ;;
             --bundle) BUNDLE="${2:?--bundle needs a value}"; shift 2 ;;
             --python) PYTHON="${2:?--python needs a value}"; shift 2 ;;
@@ -222,6 +229,50 @@ write_plugin() {
     log "plugin $target (self-contained, $(wc -c <"$target") bytes)"
 }
 
+# The conflist as the drivers file names it: the node's absolute path of the file the runtime reads
+# (a NAME.conf the install converts is NAME.conflist), so install and --uninstall find the same line.
+conflist_key() {
+    local path="$CONFLIST"
+    [[ "$path" == /* ]] || path="$PWD/$path"
+    [[ "$path" == *.conf ]] && path="${path%.conf}.conflist"
+    printf '%s' "$path"
+}
+
+# The drivers file: one `DRIVER CONFLIST` line per conflist netclaim is chained into, the
+# publisher's only source of its driver names on this install (its unchained check is off
+# without one). record_driver DRIVER sets this conflist's line, record_driver "" drops it; the
+# other lines stay (several networks, several drivers); the file goes with its last line.
+# Written as a temp file + rename: the publisher, which reads it when it changes, sees all or nothing.
+record_driver() {
+    local file dir key tmp line name rest
+    file="$(host "$DRIVERS_FILE")"
+    dir="$(dirname "$file")"
+    key="$(conflist_key)"
+    [[ -f "$file" || -n "$1" ]] || return 0
+    if [[ ! -d "$dir" ]]; then mkdir -p "$dir" && chmod 0700 "$dir"; fi  # the unit's ConfigurationDirectoryMode
+    tmp="$(mktemp "$dir/.drivers.XXXXXX")"
+    {
+        if [[ -f "$file" ]]; then
+            while IFS= read -r line || [[ -n "$line" ]]; do
+                read -r name rest <<<"$line"
+                [[ -n "$name" && "$name" != \#* && "$rest" == "$key" ]] || printf '%s\n' "$line"
+            done <"$file"
+        else
+            printf '# netclaim: the DRA driver of each conflist scripts/install.sh chained netclaim into, one\n'
+            printf '# `DRIVER CONFLIST` line each; netclaim-publisher reports claimed pods of these drivers that\n'
+            printf '# started without netclaim in their chain (--drivers-file). --uninstall drops a line.\n'
+        fi
+        [[ -z "$1" ]] || printf '%s %s\n' "$1" "$key"
+    } >"$tmp" || { rm -f "$tmp"; die "cannot write $DRIVERS_FILE"; }
+    if ! grep -qv -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$tmp"; then
+        rm -f "$tmp" "$file"
+        log "no netclaim driver left: $DRIVERS_FILE removed"
+        return 0
+    fi
+    chmod 0644 "$tmp"
+    mv -f "$tmp" "$file"
+}
+
 do_install() {
     editor_python >/dev/null
     resolve_bundle
@@ -242,12 +293,14 @@ do_install() {
     [[ -n "$SOCKET" ]] && make_private_dir "$(dirname "$SOCKET")"
     make_private_dir "$SPOOL_DIR"
     make_private_dir "$STATE_DIR"
-    log "netclaim chained last in $CONFLIST (driver $DRIVER_NAME)"
+    record_driver "$DRIVER_NAME"
+    log "netclaim chained last in $CONFLIST (driver $DRIVER_NAME, recorded for the publisher in $DRIVERS_FILE)"
 }
 
 do_uninstall() {
     "$(editor_python)" "$EDITOR_PY" uninstall --conflist "$(host "$CONFLIST")" >/dev/null \
         || die "conflist $CONFLIST was not changed"
+    record_driver ""  # this conflist's driver only: another network's stays the publisher's
     # Several networks (containerd's max_conf_num > 1) each chain netclaim: the executable and
     # its log stay until the last entry in the conf dir is gone.
     local others

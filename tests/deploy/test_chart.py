@@ -126,6 +126,24 @@ def test_a_list_of_drivers_is_authorized_and_the_first_is_the_entry() -> None:
     assert one(docs, "ConfigMap")["data"]["NETCLAIM_DRIVER_NAME"] == "a.example.com"
 
 
+def test_the_publisher_is_told_every_driver_of_the_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The publisher's unchained check looks only for pods of the drivers it is told: every driver of the
+    list reaches its --driver-name, through the ConfigMap its container reads, as its own option parser
+    reads that environment (nothing in its args or env overrides it)."""
+    from publisher.cli import run
+
+    docs = render("driverName={a.example.com,b.example.com}")
+    configmap = one(docs, "ConfigMap")
+    publisher = containers(docs)["publisher"]
+    assert {"configMapRef": {"name": configmap["metadata"]["name"]}} in publisher["envFrom"]
+    assert not [a for a in publisher.get("args", []) + publisher.get("command", []) if "--driver-name" in a]
+    assert not [e for e in publisher.get("env", []) if e["name"] == "NETCLAIM_DRIVER_NAMES"]
+    for key, value in configmap["data"].items():
+        monkeypatch.setenv(key, value)
+    params = run.make_context("run", ["--node-name", "node-a"]).params
+    assert sorted(params["driver_names"]) == ["a.example.com", "b.example.com"]
+
+
 def test_only_the_publisher_may_enter_pod_netns_and_only_with_the_live_watch() -> None:
     """liveWatch on (the default): SYS_ADMIN on the publisher alone, the netns dir read-only with
     HostToContainer (a netns made after the publisher started must appear). Off: neither, and the

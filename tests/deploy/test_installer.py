@@ -19,6 +19,16 @@ from pathlib import Path
 import pytest
 
 from deploylib import CONF, DRIVER, REPO, run_install
+from publisher.repair.drivers import DriverNames
+
+
+@pytest.fixture(autouse=True)
+def drivers_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the installer records each conflist's driver for the publisher: a temp file, not this
+    machine's /etc/netclaim/drivers (scripts/install.sh takes its default from NETCLAIM_DRIVERS_FILE)."""
+    path = tmp_path / "etc" / "netclaim" / "drivers"
+    monkeypatch.setenv("NETCLAIM_DRIVERS_FILE", str(path))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +206,63 @@ def test_one_entry_per_network_each_with_its_own_driver_and_request(tmp_root: Pa
     run_install(*uninstall, "--conflist", str(second))
     assert second.read_bytes() == originals[second]
     assert not plugin.exists() and not log.exists()
+
+
+def publishers_drivers(drivers_file: Path) -> set[str]:
+    """The driver names a publisher started with --drivers-file FILE looks for, read by its own reader."""
+    return set(DriverNames(path=str(drivers_file)).current())
+
+
+def test_the_publisher_gets_the_driver_of_every_network_and_an_uninstall_takes_only_its_own(
+        tmp_root: Path, drivers_file: Path) -> None:
+    """One install per network, each with its driver: the drivers file the publisher reads names them all
+    (its unchained check reports a claimed pod of any of them whose chain never reached it). Uninstalling a
+    network drops that network's driver only, and a driver two networks share stays until both are gone;
+    a re-install with another driver replaces the conflist's line; the last uninstall removes the file."""
+    first = write_base(tmp_root)
+    second = first.parent / "20-storage.conflist"
+    third = first.parent / "30-data.conflist"
+    for path, name in ((second, "storage"), (third, "data")):
+        path.write_text(json.dumps({**BASE, "name": name, "plugins": BASE["plugins"][:1]}, indent=2) + "\n")
+    storage_args = install_args(tmp_root, second, "--request", "storage-nic")
+    storage_args[storage_args.index("--driver-name") + 1] = "storage.example.com"
+    run_install(*install_args(tmp_root, first, "--request", "nic"))
+    run_install(*storage_args)
+    run_install(*install_args(tmp_root, third, "--request", "data"))  # the first network's driver again
+
+    assert publishers_drivers(drivers_file) == {DRIVER, "storage.example.com"}
+    assert sorted(line for line in drivers_file.read_text().splitlines() if not line.startswith("#")) == [
+        f"{DRIVER} {first}", f"{DRIVER} {third}", f"storage.example.com {second}"]  # what an operator reads
+    run_install(*storage_args)  # again: still one line for that conflist
+    assert drivers_file.read_text().count(str(second)) == 1
+
+    uninstall = ("--cni-bin-dir", str(tmp_root / "bin"), "--uninstall")
+    run_install(*uninstall, "--conflist", str(second))
+    assert publishers_drivers(drivers_file) == {DRIVER}
+    run_install(*uninstall, "--conflist", str(first))
+    assert publishers_drivers(drivers_file) == {DRIVER}, "the third network's driver went with the first's"
+
+    moved = install_args(tmp_root, third, "--request", "data")
+    moved[moved.index("--driver-name") + 1] = "data.example.com"
+    run_install(*moved)
+    assert publishers_drivers(drivers_file) == {"data.example.com"}
+
+    run_install(*uninstall, "--conflist", str(third))
+    assert not drivers_file.exists() and publishers_drivers(drivers_file) == set()
+    run_install(*uninstall, "--conflist", str(third))  # again: harmless, no file made
+    assert not drivers_file.exists()
+
+
+def test_a_converted_conf_keeps_its_driver_until_its_uninstall(tmp_root: Path, drivers_file: Path) -> None:
+    """NAME.conf is installed as NAME.conflist; --uninstall with either name takes its driver away."""
+    conf = tmp_root / "10-single.conf"
+    conf.write_text(SINGLE)
+    run_install(*install_args(tmp_root, conf))
+    assert f"{DRIVER} {tmp_root / '10-single.conflist'}" in drivers_file.read_text().splitlines()
+
+    run_install("--cni-bin-dir", str(tmp_root / "bin"), "--conflist", str(conf), "--uninstall")
+
+    assert publishers_drivers(drivers_file) == set() and not drivers_file.exists()
 
 
 def test_uninstall_keeps_changes_made_after_install(tmp_root: Path) -> None:

@@ -12,6 +12,7 @@ There is no systemd running here (PID 1 is not systemd), so:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -24,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from deploylib import CONF, REPO, netclaim_publisher_bin, parse_unit, python_env, terminate
-from runtime.realcluster import free_port  # noqa: E402 (deploylib puts the harness on the path)
+from deploylib import CONF, DRIVER, REPO, netclaim_publisher_bin, parse_unit, python_env, run_install, terminate
+from runtime.realcluster import free_port, wait_until  # noqa: E402 (deploylib puts the harness on the path)
 from cni_plugin.wire import encode_frame, read_frame
 from peers import run_as_uid
 
@@ -191,6 +192,52 @@ def test_non_root_client_is_refused_root_is_served(unit_started) -> None:
     path = str(unit_started["socket"])
     assert connect_as(65534, path) == "EACCES"
     assert connect_as(0, path) == "ok"
+
+
+def unchained_check(sock: str) -> dict:
+    """What the publisher's `status` answer says of its unchained check: the drivers, or why it is off."""
+    from publisher.cli import request_status
+
+    return request_status(sock)["unchained_check"]
+
+
+def looked_for(sock: str) -> list[str]:
+    return unchained_check(sock)["driver_names"]
+
+
+def test_the_unit_looks_for_every_driver_the_installer_records(unit_started) -> None:
+    """A node installed with scripts/install.sh: the publisher knows its drivers only from the file the
+    installer writes and the unit names (--drivers-file /etc/netclaim/drivers). Started before any install,
+    it says once that pods started without netclaim in their chain are not reported; then it looks for the
+    driver of every network installed (so such a pod of any of them gets its NetclaimNotChained Event),
+    without a restart, and the uninstall of one network takes that network's driver away only."""
+    root: Path = unit_started["root"]
+    sock = str(unit_started["socket"])
+    log = root / "publisher.log"
+    wait_until(lambda: "unchained check is off" in log.read_text(), "the publisher to say its check is off")
+    assert sum("unchained check is off" in line for line in log.read_text().splitlines()) == 1
+    assert "names none yet" in unchained_check(sock)["off_reason"]
+
+    net_d = root / "etc" / "cni" / "net.d"
+    net_d.mkdir(parents=True)
+    for name in ("10-podnet", "20-storage"):
+        (net_d / f"{name}.conflist").write_text(json.dumps(
+            {"cniVersion": "1.0.0", "name": name, "plugins": [{"type": "bridge", "bridge": f"br-{name[3:]}"}]}))
+    on_node = ("--host-root", str(root), "--cni-bin-dir", "/opt/cni/bin")
+    run_install(*on_node, "--conflist", "/etc/cni/net.d/10-podnet.conflist", "--driver-name", DRIVER)
+    run_install(*on_node, "--conflist", "/etc/cni/net.d/20-storage.conflist", "--driver-name", "storage.example.com",
+                "--request", "storage")
+
+    wait_until(lambda: looked_for(sock) == [DRIVER, "storage.example.com"], "both networks' drivers", timeout=60)
+    shown = subprocess.run([str(netclaim_publisher_bin()), "status", "--socket", sock], env=python_env(), check=False,
+                           capture_output=True, text=True, timeout=60)
+    assert f"unchained check: {DRIVER}, storage.example.com" in shown.stdout.splitlines(), shown.stdout
+
+    run_install(*on_node, "--conflist", "/etc/cni/net.d/10-podnet.conflist", "--uninstall")
+    wait_until(lambda: looked_for(sock) == ["storage.example.com"], "only the remaining network's driver",
+               timeout=60)
+    run_install(*on_node, "--conflist", "/etc/cni/net.d/20-storage.conflist", "--uninstall")
+    wait_until(lambda: looked_for(sock) == [], "no driver once every network is uninstalled", timeout=60)
 
 
 def test_unit_file_paths_match_the_plugin_defaults() -> None:

@@ -3,6 +3,8 @@
 
 # ------------------------------------------------------------------ netclaim (the operator way)
 
+# The publisher learns its drivers the systemd unit's way: from the drivers file install.sh writes
+# (the unit's /etc/netclaim/drivers; here the cluster's own), read again whenever it changes.
 start_publisher() {
     local port
     port="$(free_port)"
@@ -11,7 +13,8 @@ start_publisher() {
     start publisher ${NETCLAIM_PUBLISHER_WRAPPER:+"$NETCLAIM_PUBLISHER_WRAPPER"} \
         "$ROOT/.venv/bin/netclaim-publisher" run --node-name "$NODE" \
         --kubeconfig "$NC/publisher.kubeconfig" --socket "$NC/publisher.sock" \
-        --state-dir "$NC/state" --spool-dir "$NC/spool" --metrics-address "127.0.0.1:$port"
+        --state-dir "$NC/state" --spool-dir "$NC/spool" --drivers-file "$NC/drivers" \
+        --metrics-address "127.0.0.1:$port"
     "$PY" "$HERE/harness/runtime/clusterctl.py" publisher-ready --socket "$NC/publisher.sock" --timeout 30 \
         || { tail -20 "$DIR/publisher.log" >&2; die "publisher not answering"; }
 }
@@ -27,7 +30,7 @@ cmd_install_netclaim() {
         netclaim_request_args 0
         "$HERE/install.sh" --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST" --driver-name "$DRIVER" "${REQUEST_ARGS[@]}" \
             --socket "$NC/publisher.sock" --spool-dir "$NC/spool" --state-dir "$NC/state" \
-            --log-file "$NC/plugin.log" --python "$PY"
+            --log-file "$NC/plugin.log" --drivers-file "$NC/drivers" --python "$PY"
     fi
     install_netclaim_networks
     log "netclaim installed: $CONFLIST"
@@ -50,7 +53,7 @@ cmd_uninstall_netclaim() {
     stop_pid chain-keeper  # or it chains netclaim back in
     uninstall_netclaim_networks
     if grep -q '"netclaim"' "$CONFLIST" 2>/dev/null; then
-        "$HERE/install.sh" --uninstall --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST"
+        "$HERE/install.sh" --uninstall --cni-bin-dir "$CNI_BIN" --conflist "$CONFLIST" --drivers-file "$NC/drivers"
     fi
     stop_pid publisher
     log "netclaim uninstalled"

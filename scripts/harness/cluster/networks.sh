@@ -146,7 +146,7 @@ install_netclaim_networks() { # chain netclaim into networks 1..N-1, each entry 
         netclaim_request_args "$i"
         "$HERE/install.sh" --cni-bin-dir "$CNI_BIN" --conflist "$f" --driver-name "$DRIVER" \
             "${REQUEST_ARGS[@]}" --socket "$NC/publisher.sock" --spool-dir "$NC/spool" --state-dir "$NC/state" \
-            --log-file "$NC/plugin.log" --python "$PY"
+            --log-file "$NC/plugin.log" --drivers-file "$NC/drivers" --python "$PY"
     done
 }
 
@@ -155,7 +155,7 @@ uninstall_netclaim_networks() {
     for ((i = 1; i < NETWORKS; i++)); do
         f="$(network_conflist "$i")"
         grep -q '"netclaim"' "$f" 2>/dev/null || continue
-        "$HERE/install.sh" --uninstall --cni-bin-dir "$CNI_BIN" --conflist "$f"
+        "$HERE/install.sh" --uninstall --cni-bin-dir "$CNI_BIN" --conflist "$f" --drivers-file "$NC/drivers"
     done
 }
 

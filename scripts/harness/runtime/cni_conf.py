@@ -124,6 +124,7 @@ def install_netclaim(bin_dir: Path, conflist: Path, opts: NetclaimInstall) -> No
         "--spool-dir", str(opts.spool_dir),
         "--state-dir", str(opts.state_dir),
         "--log-file", str(opts.log_file),
+        "--drivers-file", str(opts.state_dir.parent / "drivers"),  # ours, not the machine's /etc/netclaim
         "--python", opts.python,
         *(["--bundle", opts.bundle] if opts.bundle else []),
     ]
