@@ -95,8 +95,12 @@ def change_reason(stored: dict[str, Any], new: dict[str, Any]) -> str:
     return "Changed"
 
 
+NO_RIGHT = "setns refused (EPERM): the publisher needs CAP_SYS_ADMIN to enter pods' network namespaces"
+TURNED_OFF = "turned off (--no-live-watch)"
+
+
 def can_enter_namespaces() -> str:
-    """'' when this process may setns(2) into a network namespace, else why not."""
+    """'' when this process may setns(2) into a network namespace, else why not (NO_RIGHT: for good)."""
     try:
         fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -105,7 +109,7 @@ def can_enter_namespaces() -> str:
         setns(fd, CLONE_NEWNET)  # into the namespace it is already in: a no-op that needs the right
     except OSError as exc:
         if exc.errno == errno.EPERM:
-            return "setns refused (EPERM): the publisher needs CAP_SYS_ADMIN to enter pods' network namespaces"
+            return NO_RIGHT
         return f"setns failed: {exc}"
     finally:
         os.close(fd)
@@ -121,7 +125,7 @@ class LiveWatch:
         self.stopping = stopping
         self.settings = settings or LiveSettings()
         self.log = logs.get()
-        self.disabled = "" if self.settings.enabled else "turned off (--no-live-watch)"
+        self.disabled = "" if self.settings.enabled else TURNED_OFF
         self.spaces: dict[str, Sandbox] = {}
         self.watch: dict[tuple[str, str], Watched] = {}
         self.by_space: dict[str, set[tuple[str, str]]] = {}
@@ -158,18 +162,35 @@ class LiveWatch:
     # ------------------------------------------------------------ the loop
 
     def run(self) -> None:
-        if not self.disabled:
-            self.disabled = can_enter_namespaces()
-        if self.disabled:
-            self.log.warning("live interface watch is off: entries keep what the ADD said",
-                             extra={"component": "live-watch", "reason": self.disabled})
-            self.stopping.wait()
+        if not self._may_run():
             return
         try:
             self._open()
             self._loop()
         finally:
             self.close()  # and forget: a restart by the supervisor begins from the journal alone
+
+    def _may_run(self) -> bool:
+        """Whether the watch can run; False once stopping. Off for good only when turned off or without
+        the right to enter namespaces: a check that failed otherwise (a process out of file descriptors)
+        is made again every retry_unopenable seconds, so a passing fault cannot leave the watch off."""
+        said = ""
+        while not self.stopping.is_set():
+            if self.disabled != TURNED_OFF:
+                self.disabled = can_enter_namespaces()
+            if not self.disabled:
+                if said:
+                    self.log.info("live interface watch is on", extra={"component": "live-watch"})
+                return True
+            if self.disabled != said:
+                said = self.disabled
+                self.log.warning("live interface watch is off: entries keep what the ADD said",
+                                 extra={"component": "live-watch", "reason": self.disabled})
+            if self.disabled in (TURNED_OFF, NO_RIGHT):
+                self.stopping.wait()
+            else:
+                self.stopping.wait(self.settings.retry_unopenable)
+        return False
 
     def _open(self) -> None:
         self._selector = selectors.DefaultSelector()
