@@ -19,6 +19,9 @@ print split the ADD into phases (exec, interpreter init, each import group,
 config, read-back, hand-off, output, exit), reported as medians.
 
     scripts/bench.py plugin [--runs N] [--pairs N] [--trace-runs N] [--doc docs/benchmarks.md]
+
+`--orphaned-node` times a node left chained without its publisher instead
+(benchlib/plugin_orphan.py).
 """
 
 from __future__ import annotations
@@ -51,6 +54,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--python", default="/usr/bin/python3", help="interpreter for the source launcher and the floor")
     parser.add_argument("--root", default=str(REPO), help="directory containing the cni_plugin package to time")
     parser.add_argument("--doc", default="", help="rewrite this file's `plugin` section with the figures")
+    parser.add_argument("--orphaned-node", action="store_true",
+                        help="instead: pod ADD/DEL on a chain with netclaim last, no publisher and a full spool, "
+                             "against the chain without netclaim and with a live publisher "
+                             "(benchlib/plugin_orphan.py; written to plugin-orphaned-node.json)")
+    parser.add_argument("--orphan-exe", choices=("bundle", "launcher"), default="bundle",
+                        help="with --orphaned-node: the installed static plugin, or the source tree's launcher")
 
 
 def _run_timed(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[float, int, bytes, float]:
@@ -252,6 +261,10 @@ def _empty(directory: Path) -> None:
 
 
 def run(args) -> dict:
+    if getattr(args, "orphaned_node", False):
+        from . import plugin_orphan
+
+        return plugin_orphan.run(args)
     sys.path.insert(0, str(REPO))
     from cni_plugin.launcher import install
 
