@@ -14,9 +14,10 @@ cannot take the event either, `handoffWaitMs` is the last chance: a
 publisher restart on a node with a read-only or full spool would otherwise
 lose every event of the second its socket is absent. A wait that ends without
 the publisher is remembered (`publisher-absent` in `stateDir`), and for
-QUIET_PERIOD after it no hand-off waits again unless a publisher has bound the
-socket since: a node left chained without its publisher (its spool soon at the
-cap) costs one pod start in QUIET_PERIOD the wait, not every pod start and stop.
+QUIET_PERIOD after it no hand-off waits again unless a publisher has bound or
+removed the socket since: a node left chained without its publisher (its spool
+soon at the cap) costs one pod start in QUIET_PERIOD the wait, not every pod
+start and stop.
 
 The socket counts only when root serves it (SO_PEERCRED of the listener):
 an event sent to a socket someone else bound at the configured path would
@@ -213,8 +214,9 @@ def _wait_for_publisher(conf: NetConf, data: bytes) -> float | None:
 # `handoffWaitMs` for nothing. So a wait that ends without the publisher leaves the marker
 # `publisher-absent` ({"socketPath", "waitFailedAt"}), and a hand-off that finds neither channel
 # within QUIET_PERIOD of it loses (or, under Fail, refuses) its event at once, still counted in the
-# spool's overflow marker, unless a publisher has bound the socket since (its ctime is newer:
-# a restarted publisher binds a new socket), which earns one more wait.
+# spool's overflow marker, unless a publisher has bound or removed the socket since (the socket's
+# directory changed after the failed wait: a publisher started or stopped), which earns one more
+# wait; a wait that reaches the publisher removes the marker.
 #
 # The marker lives in `stateDir`, not in the spool: a read-only spool is exactly when the wait
 # matters, so the spool is no place to remember it; stateDir is the plugin's own 0700 directory
@@ -230,7 +232,7 @@ _ABSENT_LIMIT = 4096  # the marker is ~100 bytes; anything bigger is not ours
 
 def last_failed_wait(conf: NetConf) -> float | None:
     """When (time.time()) a wait for this socket's publisher ended without it, if that was within
-    QUIET_PERIOD and no publisher has bound the socket since; else None (the hand-off waits)."""
+    QUIET_PERIOD and no publisher has bound or removed the socket since; else None (the hand-off waits)."""
     if not conf.state_dir:
         return None
     try:
@@ -257,9 +259,15 @@ def last_failed_wait(conf: NetConf) -> float | None:
 
 
 def _bound_since(socket_path: str, when: float) -> bool:
-    """Has something (a restarted publisher) created the socket file after `when`?"""
+    """Has a publisher bound or removed its socket after `when`?
+
+    Either changes the socket's directory (its mtime), which nothing else the
+    publisher does touches: a publisher that came back and stopped again (a
+    clean stop removes the socket) is as good a reason to wait as one that is
+    restarting now. A directory that is gone says nothing of the kind.
+    """
     try:
-        return os.lstat(socket_path).st_ctime > when
+        return os.lstat(os.path.dirname(socket_path) or "/").st_mtime > when
     except OSError:
         return False
 
@@ -268,10 +276,11 @@ def _remember_failed_wait(conf: NetConf) -> str:
     """Write the marker (0600 in the 0700 stateDir, temp file + rename); "" or why it could not be."""
     if not conf.state_dir:
         return "no valid stateDir"
-    marker = {"socketPath": conf.socket_path, "waitFailedAt": time.time()}
     try:
         dfd = open_private_dir(conf.state_dir)
         try:
+            # The time after the directory exists: creating stateDir in the socket's directory is no publisher.
+            marker = {"socketPath": conf.socket_path, "waitFailedAt": time.time()}
             write_file_at(dfd, ABSENT_NAME, dumps(marker).encode(), sync=False)
         finally:
             os.close(dfd)
