@@ -285,6 +285,10 @@ CHAIN_WRITES_WINDOW = 60.0  # seconds; also how long a contested conflist must s
 CHAIN_BACKOFF_FIRST = 10.0  # seconds without writing a contested conflist, doubled after each lost retry
 CHAIN_BACKOFF_CAP = 600.0  # a contested conflist is still retried this often
 CHAIN_WARN_EVERY = 300.0  # the same "not chained" warning is logged at most this often
+# Bytes of a CNI network file the keeper reads (and hashes into its snapshot), at most. Conflists are a few
+# KiB; a larger file is refused unread (its reason in the keeper's status), never read whole: the conf dir
+# is shared with other installers, and the keeper's memory limit is 128 Mi.
+NETWORK_FILE_MAX = 1 << 20
 
 # ---- Node heartbeat (publisher/observe/nodelease.py): one Lease per node, read by `netclaim-publisher fleet`.
 # 5,000 nodes renewing every 60 s cost 83 writes/s; a change of state is written sooner, but never within

@@ -1,4 +1,4 @@
-"""Add, update or remove the netclaim entry of a CNI conflist (stdlib and the plugin's config only).
+"""Add, update or remove the netclaim entry of a CNI conflist (stdlib, the plugin's config, publisher/limits.py).
 
 Used by scripts/operator/conflist_edit.py (scripts/install.sh, systemd installs) and by
 the chain keeper of the DaemonSet (publisher/chain/keeper.py), so both edit a
@@ -36,12 +36,26 @@ Why it is careful:
   file is touched (`build_entry`): the plugin refuses its whole entry over one
   mistyped field (ADD error 7: no pod on the node starts), so such an entry
   must never reach a node.
+- A network file that is a symlink is maintained elsewhere (config
+  management links it in; the primary CNIs themselves write regular files):
+  it is never edited, neither through the link (its target may be outside
+  what this process sees as the node, and its owner would undo the edit) nor
+  by replacing the link with an edited copy (the owner's later versions would
+  never reach the runtime, and uninstall would leave the stale copy). Such a
+  file is `MaintainedElsewhere`, a Refused that names the link's target; it is
+  still read through the link, so an entry the operator put there counts.
+- Only regular files are read, at most `limits.NETWORK_FILE_MAX` bytes of them,
+  opened without blocking: a FIFO named like a network file would block the
+  reader for good, a device or a huge file would never end or cost more memory
+  than the keeper has. Such a file is Refused (left as it is), never read whole.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +63,7 @@ from typing import Any, Callable
 
 from cni_plugin.config import INT_SETTINGS, LATEST_VERSION, STRING_SETTINGS, parse_netconf
 from cni_plugin.errors import CNIError
+from publisher import limits
 
 PLUGIN_TYPE = "netclaim"
 BACKUP_SUFFIX = ".netclaim.bak"
@@ -67,6 +82,84 @@ class BadSetting(Refused):
         self.key = key
 
 
+class MaintainedElsewhere(Refused):
+    """The network file is a symlink: another installer or config management keeps it; netclaim never edits it."""
+
+    def __init__(self, path: Path, target: str) -> None:
+        super().__init__(f"{path} is a symlink to {target}, maintained elsewhere: left as it is (chain netclaim "
+                         "into the file where it is maintained, or make this a regular file)")
+        self.path = path
+        self.target = target
+
+
+def maintained_elsewhere(path: Path) -> MaintainedElsewhere:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"  # replaced meanwhile: the next look says what it is now
+    return MaintainedElsewhere(path, target)
+
+
+def refuse_link(path: Path) -> None:
+    """MaintainedElsewhere when `path` is a symlink: nothing of netclaim's replaces or writes through it."""
+    if path.is_symlink():
+        raise maintained_elsewhere(path)
+
+
+FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def not_regular(path: Path, mode: int) -> Refused:
+    kind = next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
+    return Refused(f"{path}: {kind}, not a regular file; left as it is")
+
+
+def read_bounded(path: Path, follow: bool = True, cap: int = limits.NETWORK_FILE_MAX) -> tuple[os.stat_result, bytes]:
+    """A regular file's status and bytes, at most `cap` of them; Refused for anything else.
+
+    Looked at before it is opened (a FIFO's open would wait for a writer), opened
+    O_NONBLOCK (and O_NOFOLLOW unless `follow`), looked at again on the descriptor
+    (it may have been replaced in between), and read up to one byte past the cap.
+    FileNotFoundError passes through: callers treat a file that went their own way.
+    """
+    st = os.stat(path, follow_symlinks=follow)
+    if stat.S_ISLNK(st.st_mode):
+        raise maintained_elsewhere(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(path, st.st_mode)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise maintained_elsewhere(path) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st.st_mode)
+        if st.st_size > cap:
+            raise too_large(path, st.st_size, cap)
+        chunks, size = [], 0
+        while size <= cap:
+            chunk = os.read(fd, min(1 << 16, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > cap:  # grew since fstat
+        raise too_large(path, size, cap)
+    return st, b"".join(chunks)
+
+
+def too_large(path: Path, size: int, cap: int) -> Refused:
+    return Refused(f"{path}: larger than {cap} bytes ({size} or more), not a network config netclaim reads; "
+                   "left as it is")
+
+
 class Changed(Exception):
     """Someone wrote the file while it was being edited; the edit was abandoned, retry later."""
 
@@ -81,18 +174,17 @@ class Stamp:
     data: bytes
 
     @classmethod
-    def read(cls, path: Path) -> "Stamp":
-        with path.open("rb") as fh:
-            st = os.fstat(fh.fileno())
-            data = fh.read()
+    def read(cls, path: Path, follow: bool = False) -> "Stamp":
+        """The file an edit would replace: a symlink is MaintainedElsewhere unless `follow` (reads only)."""
+        st, data = read_bounded(path, follow)
         return cls(st.st_ino, st.st_size, st.st_mtime_ns, data)
 
     def still(self, path: Path) -> bool:
         """True when `path` is the same file with the same bytes (a same-size rewrite within
-        one mtime tick is caught by the bytes)."""
+        one mtime tick is caught by the bytes); a link or FIFO put there meanwhile is not."""
         try:
             now = Stamp.read(path)
-        except FileNotFoundError:
+        except (OSError, Refused):
             return False
         return now == self
 
@@ -135,10 +227,12 @@ def conf_to_conflist(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_stamped(path: Path) -> tuple[Stamp, dict[str, Any]]:
-    """Read and parse a conflist, with the stamp an edit compares against before replacing it."""
+def load_stamped(path: Path, follow: bool = False) -> tuple[Stamp, dict[str, Any]]:
+    """Read and parse a conflist, with the stamp an edit compares against before replacing it.
+
+    A symlink is MaintainedElsewhere, unless `follow`: reading through it is fine, editing is not."""
     try:
-        stamp = Stamp.read(path)
+        stamp = Stamp.read(path, follow)
     except FileNotFoundError:
         raise Refused(f"{path}: no such conflist") from None
     doc = parse(path, stamp.data)
@@ -151,8 +245,8 @@ def load_stamped(path: Path) -> tuple[Stamp, dict[str, Any]]:
 
 
 def load_conflist(path: Path) -> tuple[bytes, dict[str, Any]]:
-    """Read and parse a conflist; refuse anything that is not one."""
-    stamp, doc = load_stamped(path)
+    """Read and parse a conflist (through a symlink: only edits refuse those); refuse anything that is not one."""
+    stamp, doc = load_stamped(path, follow=True)
     return stamp.data, doc
 
 
@@ -255,10 +349,10 @@ def install(path: Path, entry: dict[str, Any], keep_position: bool = False, hook
     Raises Refused (nothing changed, the file cannot be edited safely) or
     Changed (someone wrote the file meanwhile; nothing of theirs was replaced).
     """
-    if not path.exists() and backup_of(path).exists() and converted_name(path).exists():
+    if not path.exists() and not path.is_symlink() and backup_of(path).exists() and converted_name(path).exists():
         path = converted_name(path)  # a .conf converted before: its conflist is what to update
     try:
-        stamp = Stamp.read(path)
+        stamp = Stamp.read(path)  # a symlink: MaintainedElsewhere, before anything is written
     except FileNotFoundError:
         raise Refused(f"{path}: no such conflist") from None
     doc = parse(path, stamp.data)
@@ -294,6 +388,7 @@ def convert(path: Path, stamp: Stamp, doc: dict[str, Any], entry: dict[str, Any]
     """
     target = converted_name(path)
     backup = backup_of(path)
+    refuse_link(target)
     if target.exists() and not backup.exists():
         raise Refused(f"{path}: a single-plugin conf, and {target.name} (not written by netclaim) exists; "
                       "left untouched")
@@ -315,10 +410,10 @@ def convert(path: Path, stamp: Stamp, doc: dict[str, Any], entry: dict[str, Any]
 def write_if_different(path: Path, data: bytes, mode: int) -> None:
     """Every write is a directory event some primary CNI re-renders on: none that changes nothing."""
     try:
-        if path.read_bytes() == data:
+        if read_bounded(path, follow=False)[1] == data:
             return
-    except FileNotFoundError:
-        pass
+    except (FileNotFoundError, Refused):
+        pass  # absent, or not a file netclaim can read: replaced (never written through)
     write_atomic(path, data, mode)
 
 
@@ -343,7 +438,7 @@ def converted_source(path: Path) -> Path | None:
 
 def conf_as_conflist(path: Path) -> dict[str, Any] | None:
     try:
-        return conf_to_conflist(parse(path, path.read_bytes()))
+        return conf_to_conflist(parse(path, read_bounded(path)[1]))
     except (OSError, Refused):
         return None
 
@@ -357,7 +452,9 @@ def uninstall_converted(source: Path) -> str:
     """
     target = converted_name(source)
     backup = backup_of(source)
-    original = backup.read_bytes()
+    refuse_link(source)
+    refuse_link(target)
+    original = read_bounded(backup, follow=False)[1]
     backup_of(target).unlink(missing_ok=True)  # never wanted: the original is the .conf's
     try:
         _raw, doc = load_conflist(target)
@@ -392,6 +489,11 @@ def uninstall_converted(source: Path) -> str:
 
 
 def uninstall(path: Path) -> str:
+    """Take netclaim out of `path`: 'restored', 'removed', 'unchanged' or 'absent'.
+
+    A symlink is MaintainedElsewhere (left a link, its target as it is): netclaim never
+    edited it, so an entry found through it is the operator's."""
+    refuse_link(path)
     backup = backup_of(path)
     source = converted_source(path) if not backup.exists() else None
     if source is not None:
@@ -402,7 +504,7 @@ def uninstall(path: Path) -> str:
     if not path.exists():
         backup.unlink(missing_ok=True)
         return "absent"
-    if conf_as_conflist(path) is not None and is_single_conf(path, parse(path, path.read_bytes())):
+    if conf_as_conflist(path) is not None and is_single_conf(path, parse(path, read_bounded(path)[1])):
         backup.unlink(missing_ok=True)
         return "unchanged"  # a single-plugin conf netclaim never chained (it converts them)
     raw, doc = load_conflist(path)
@@ -410,11 +512,11 @@ def uninstall(path: Path) -> str:
     restored = None
     if backup.exists():
         try:
-            original = backup.read_bytes()
+            original = read_bounded(backup, follow=False)[1]
             if json.loads(original) == stripped:
                 # Nothing else changed since the install: give back the exact bytes.
                 restored = original
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, Refused, UnicodeDecodeError, ValueError):
             restored = None
     if restored is not None:
         if restored != raw:
@@ -507,13 +609,25 @@ def network_files(conf_dir: Path) -> list[Path]:
 
     libcni (containerd, CRI-O) takes *.conf, *.conflist and *.json, sorted by
     name, and uses the first: that is the primary network netclaim chains into.
+    A symlink counts like libcni counts it, even when its target is not there
+    for this process (the keeper's container sees only the conf dir, the node
+    resolves the link): it is the primary then, which the keeper does not edit
+    and reports (MaintainedElsewhere), rather than chaining a file the runtime
+    does not use. FIFOs, sockets, devices and directories are never network files.
     """
     try:
         names = sorted(os.listdir(conf_dir))
     except FileNotFoundError:
         return []
     return [conf_dir / n for n in names
-            if not n.startswith(".") and n.endswith(NETWORK_EXTENSIONS) and (conf_dir / n).is_file()]
+            if not n.startswith(".") and n.endswith(NETWORK_EXTENSIONS) and is_network_file(conf_dir / n)]
+
+
+def is_network_file(path: Path) -> bool:
+    """A regular file, or a symlink that is not to a directory (looked at, never opened)."""
+    if path.is_symlink():
+        return not path.is_dir()
+    return path.is_file()
 
 
 MULTUS_TYPES = ("multus", "multus-shim")
@@ -523,8 +637,8 @@ def is_multus(path: Path) -> bool:
     """Multus' own network file: it delegates to the next network file, which is where netclaim goes
     (Multus re-renders its file from that one; chaining into or converting Multus' file would fight it)."""
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError):
+        doc = json.loads(read_bounded(path)[1])
+    except (OSError, Refused, UnicodeDecodeError, ValueError):
         return False
     if not isinstance(doc, dict):
         return False

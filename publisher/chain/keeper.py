@@ -15,6 +15,10 @@ The keeper runs beside the publisher in the DaemonSet. It:
   atomic and compared before it replaces anything (publisher/chain/conflist.py), a
   file that does not parse (say, read while a careless writer is halfway
   through) is left alone and retried, and a single-plugin .conf is converted;
+- never edits a primary that is a symlink (config management links it in):
+  it says why the node is not chained (status, log line, a Warning Event on
+  the Node, asked for once), and counts the node chained when the operator put
+  netclaim's entry into the file where it is maintained;
 - leaves an entry that is after the primary plugin where it is and inserts a
   missing one last (the rule is in publisher/chain/conflist.py), so a chainer that
   moves itself last (istio-cni, linkerd-cni) and the keeper never fight; a
@@ -63,13 +67,16 @@ from publisher.chain.conflist import (
     BACKUP_SUFFIX,
     NETWORK_EXTENSIONS,
     Changed,
+    MaintainedElsewhere,
     Refused,
     backup_of,
     converted_name,
     install,
     is_multus,
+    is_network_file,
     network_files,
     uninstall,
+    write_atomic,
 )
 from publisher.chain.nodefiles import (
     Snapshot,
@@ -138,10 +145,13 @@ class KeeperStatus:
     contested: tuple[str, ...] = ()  # conflists another writer keeps undoing (reported)
     problem: str = ""  # why not chained, when not
     looked: bool = True  # False until the keeper's first look at the conf dir
+    elsewhere: bool = False  # the primary is a symlink netclaim does not edit (reported)
 
     def ready(self) -> tuple[bool, str]:
-        """Ready when chained, or when the contest that keeps it out is reported (Event, metric, log)."""
-        return self.chained or bool(self.contested), self.line()
+        """Ready when chained, or when what keeps it out is reported (Event, metric, log) and only the
+        operator can change it: a contest, or a primary maintained elsewhere. A pod held not ready for
+        either would stall the DaemonSet's rollout on every other node."""
+        return self.chained or bool(self.contested) or self.elsewhere, self.line()
 
     def line(self) -> str:
         if not self.looked:
@@ -181,9 +191,9 @@ class ChainKeeper:
     def primary(self) -> Path | None:
         if self.cfg.conflist:
             path = self.cfg.conf_dir / self.cfg.conflist
-            if not path.is_file() and backup_of(path).exists() and converted_name(path).is_file():
+            if not is_network_file(path) and backup_of(path).exists() and converted_name(path).is_file():
                 return converted_name(path)  # a named .conf the keeper converted
-            return path if path.is_file() else None
+            return path if is_network_file(path) else None
         files = [f for f in network_files(self.cfg.conf_dir) if not is_multus(f)]
         return files[0] if files else None
 
@@ -268,6 +278,8 @@ class ChainKeeper:
             self.log.info("conflist changed while being edited; looking again", extra={"conflist": primary.name,
                                                                                        "detail": str(exc)})
             return None
+        except MaintainedElsewhere as exc:
+            return self.maintained_elsewhere(primary, exc)
         except (Refused, OSError) as exc:
             # Not recorded as seen: retried on the next poll; logged when it changes, then now and then.
             self.set_status(primary.name, False, str(exc))
@@ -279,6 +291,18 @@ class ChainKeeper:
         if self.guard.wrote(primary.name, now):
             self.contest_started(primary.name)
         return converted_name(primary) if outcome == "converted" else primary
+
+    def maintained_elsewhere(self, primary: Path, exc: MaintainedElsewhere) -> Path | None:
+        """A symlinked primary: chained when the operator put the keeper's entry where the file is maintained
+        (nothing to write), else not chained, said once in a Warning Event (the status line repeats it)."""
+        if chained_in_place(primary) and holds_entry_of(primary, self.cfg.entry):
+            return primary
+        problem = str(exc)
+        if self.status.problem != problem:
+            self.report(primary.name, f"netclaim is not chained into {primary.name}: {problem}. Pods started "
+                                      "on this node get no network status until it is.")
+        self.set_status(primary.name, False, problem, elsewhere=True)
+        return None
 
     def contest_started(self, name: str) -> None:
         note = (f"netclaim's chain entry in {name} was removed again after each of the chain keeper's last "
@@ -308,9 +332,9 @@ class ChainKeeper:
         # uninstall must give back. Backups are not network files (the runtime ignores them) and
         # remove_everything() deletes every one of them.
 
-    def set_status(self, conflist: str, chained: bool, problem: str) -> None:
+    def set_status(self, conflist: str, chained: bool, problem: str, elsewhere: bool = False) -> None:
         """Update status and metrics; log a `chain status` line when it changed (problems now and then)."""
-        new = KeeperStatus(conflist, chained, tuple(self.guard.contested()), problem)
+        new = KeeperStatus(conflist, chained, tuple(self.guard.contested()), problem, elsewhere=elsewhere)
         for name in self._labels - {conflist}:
             self.metrics.chained.labels(name).set(0)
         if conflist:
@@ -445,20 +469,11 @@ class ChainKeeper:
         return users
 
     def write_marker(self) -> None:
-        """The marker, atomically and 0644: the plugin on the node reads the cache dir from it."""
+        """The marker, atomically and 0644: the plugin on the node reads the cache dir from it. Its temp
+        file has a random name created O_EXCL|O_NOFOLLOW (write_atomic): the bin dir is shared."""
         node_cache_dir = self.cfg.node_cache_dir or str(self.cfg.cache_dir or "")
         data = marker_document(node_cache_dir, str(self.cfg.entry.get("socketPath") or ""))
-        marker = self.cfg.bin_dir / RETIRED_MARKER
-        tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                os.fchmod(fh.fileno(), 0o644)
-                os.fsync(fh.fileno())
-            os.replace(tmp, marker)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomic(self.cfg.bin_dir / RETIRED_MARKER, data, 0o644)
 
     def forget_retirement(self) -> None:
         """No retired executable any more: neither its marker nor its DELs' records stay."""

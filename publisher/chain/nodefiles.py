@@ -11,22 +11,35 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
 from publisher import logs
-from publisher.chain.conflist import NETWORK_EXTENSIONS, Refused, converted_name, has_entry, in_place, load_conflist
+from publisher.chain.conflist import (
+    NETWORK_EXTENSIONS,
+    Refused,
+    converted_name,
+    has_entry,
+    in_place,
+    load_conflist,
+    read_bounded,
+    write_atomic,
+)
 from cni_plugin.retire import cached_attachments
 
 Snapshot = tuple[tuple[str, int, int, int, str], ...]
-DIGEST_LIMIT = 1 << 20  # bytes of a network file hashed into the snapshot
+
 
 def snapshot(conf_dir: Path) -> Snapshot:
     """What changes when anyone writes, renames or removes a file in the directory.
 
     Network files also contribute a digest of their bytes: an in-place rewrite
     of the same size within one mtime tick (the kernel's timestamps are coarser
-    than their nanoseconds) changes nothing else.
+    than their nanoseconds) changes nothing else. A symlink counts as its target
+    (a rewrite of the target is a change the keeper must look at). Only regular
+    files within limits.NETWORK_FILE_MAX are read (read_bounded): a FIFO named
+    like a network file is never opened for a digest, so it cannot block the pass.
     """
     out = []
     try:
@@ -36,12 +49,17 @@ def snapshot(conf_dir: Path) -> Snapshot:
     for name in names:
         try:
             st = os.stat(conf_dir / name)
-            digest = ""
-            if name.endswith(NETWORK_EXTENSIONS):
-                with open(conf_dir / name, "rb") as fh:
-                    digest = hashlib.blake2b(fh.read(DIGEST_LIMIT), digest_size=16).hexdigest()
-        except (FileNotFoundError, IsADirectoryError):
-            continue
+        except FileNotFoundError:
+            try:
+                st = os.lstat(conf_dir / name)  # a link whose target this process cannot see: still a file
+            except FileNotFoundError:
+                continue
+        digest = ""
+        if name.endswith(NETWORK_EXTENSIONS) and stat.S_ISREG(st.st_mode):
+            try:
+                digest = hashlib.blake2b(read_bounded(conf_dir / name)[1], digest_size=16).hexdigest()
+            except (OSError, Refused):
+                digest = "unread"  # gone, replaced or too large meanwhile: its stat says the rest
         out.append((name, st.st_ino, st.st_mtime_ns, st.st_size, digest))
     return tuple(out)
 
@@ -98,24 +116,31 @@ def plugin_platform_problem(plugin: Path, machine: str | None = None) -> str | N
 
 
 def copy_atomic(src: Path, dst: Path, mode: int = 0o755) -> bool:
-    """Install `src` as `dst` unless it is already identical; True when written."""
+    """Install `src` as `dst` unless it is already identical; True when written.
+
+    The bin dir is shared with every CNI installer: the temp file gets a random name, created
+    O_EXCL|O_NOFOLLOW and 0600 until it is complete (conflist.write_atomic), so a name planted
+    there (a link to a file elsewhere) is never written through; `dst` itself is replaced,
+    never written through either, and a runtime never executes half a file."""
     data = src.read_bytes()
-    try:
-        if dst.read_bytes() == data and (dst.stat().st_mode & 0o7777) == mode:
-            return False
-    except FileNotFoundError:
-        pass
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
+    if holds(dst, data, mode):
+        return False
+    write_atomic(dst, data, mode)
     return True
+
+
+def holds(path: Path, data: bytes, mode: int) -> bool:
+    """`path` is a regular file (not a link) with exactly `data` and `mode`: read only when the size matches."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != len(data) or st.st_mode & 0o7777 != mode:
+        return False
+    try:
+        return read_bounded(path, follow=False, cap=len(data))[1] == data
+    except (OSError, Refused):
+        return False
 
 def cached_users(cache_dir: Path | None, socket_path: str) -> list[str]:
     """ContainerIDs whose runtime-cached config (libcni's results cache) runs netclaim on DEL."""
