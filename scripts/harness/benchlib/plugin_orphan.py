@@ -133,7 +133,8 @@ def run(args) -> dict:
         base = {"cniVersion": "1.0.0", "name": "bench", "type": "netclaim", "driverName": "net.example.com"}
         live = dict(base, socketPath=str(tmp / "ack.sock"), spoolDir=str(tmp / "live-spool"),
                     stateDir=str(tmp / "live-state"), logFile=str(tmp / "live.log"))
-        orphan = dict(base, socketPath=str(tmp / "absent.sock"), spoolDir=str(tmp / "orphan-spool"),
+        (tmp / "run").mkdir(mode=0o700)  # the socket's own directory, as /run/netclaim on a node
+        orphan = dict(base, socketPath=str(tmp / "run" / "publisher.sock"), spoolDir=str(tmp / "orphan-spool"),
                       stateDir=str(tmp / "orphan-state"), logFile=str(tmp / "orphan.log"))
         server = plugin._AckServer(live["socketPath"])
         _fill_spool(tmp / "orphan-spool", SPOOL_MAX_FILES)
@@ -142,8 +143,8 @@ def run(args) -> dict:
                   ORPHAN: _Chain(ORPHAN, args.cni_bin, netns, bridge, orphan, exe)}
         first_add, cached = chains[ORPHAN].add()  # the one hand-off that waits for the publisher
         chains[ORPHAN].delete(cached)
-        for chain in (WITHOUT, LIVE):  # warm-up, untimed
-            chains[chain].delete(chains[chain].add()[1])
+        for warm in (WITHOUT, LIVE):  # warm-up, untimed
+            chains[warm].delete(chains[warm].add()[1])
         untimed = len(_waits(tmp / "orphan.log"))
         series: dict[str, dict[str, list[float]]] = {k: {c: [] for c in CHAINS}
                                                      for k in ("add", "del", "add_cpu", "del_cpu")}
