@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -198,6 +198,38 @@ class PublisherProc(Publisher):
         except FileNotFoundError:
             return []
 
+    @property
+    def journal_db(self) -> Path:
+        return Path(self.state) / "journal.db"
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def crashed_since(self, offset: int) -> set[str]:
+        """The threads whose crash the supervisor logged after byte `offset` of the log."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(offset)
+                text = fh.read().decode(errors="replace")
+        except FileNotFoundError:
+            return set()
+        crashed = set()
+        for line in text.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("msg") == "thread crashed, restarting":
+                crashed.add(str(event.get("component")))
+        return crashed
+
+    def quiescent(self) -> bool:
+        """Journal, spool, dirty claims and the live watch's reads and writes all done."""
+        return bool((self.status() or {}).get("quiescent"))
+
 
 _SPOOL_FLAG: list[list[str]] = []
 
@@ -208,6 +240,50 @@ def spool_interval_flag() -> list[str]:
         out = run(str(BIN / "netclaim-publisher"), "run", "--help", check=False)
         _SPOOL_FLAG.append(["--spool-interval", "0.2"] if "--spool-interval" in out.stdout else [])
     return _SPOOL_FLAG[0]
+
+
+# ---------------------------------------------------------------- another process on the journal
+
+HOLDER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.read()  # until the test closes our stdin (or dies)
+db.execute("ROLLBACK")
+"""
+
+
+class JournalLock:
+    """Another process (a backup tool, an sqlite3 shell) holds the journal's SQLite write lock
+    (BEGIN IMMEDIATE) from `with` until the block ends: every journal write of the publisher
+    waits SQLite's busy timeout and then fails. Released by closing the holder's stdin, so a
+    step holds it exactly as long as it needs (the soak and the publisher tests hold it for a
+    fixed time)."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Self:
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(self.db)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline().strip()
+        if first != "locked":
+            self.__exit__()
+            raise AssertionError(f"the journal's write lock was not taken: {first!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.communicate(input="", timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # the lock goes with the process
+            self.proc.wait(10)
+        self.proc = None
 
 
 # ---------------------------------------------------------------- credentials

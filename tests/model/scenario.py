@@ -21,11 +21,22 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from modelkit import (CLAIMS, DRIVER, MERGE, NETWORKS, NODE, QUIESCE_TIMEOUT, ClaimModel, Credentials, Known,
-                      Model, PluginRunner, Proxy, PublisherProc, Sandbox, delete_pod, observed_devices)
+from modelkit import (CLAIMS, DRIVER, MERGE, NETWORKS, NODE, QUIESCE_TIMEOUT, ClaimModel, Credentials, JournalLock,
+                      Known, Model, PluginRunner, Proxy, PublisherProc, Sandbox, delete_pod, observed_devices)
+from publisher import limits
+from publisher.live.watcher import LiveSettings
 from publisher_testkit import in_boot  # noqa: E402  (on the path once modelkit is imported)
 
 SLOTS = 3
+# How long a lock_journal step holds the journal's write lock at most: the live watch's write may wait
+# out an attachment's write hold, then another thread's failing write (the publisher's own write slot),
+# then its own busy timeout. It is released as soon as that write has failed (typically after ~5 s).
+LOCK_WAIT = 2 * limits.JOURNAL_BUSY_TIMEOUT + LiveSettings().hold + 2.0
+# How long a netns removal waits for a quiet publisher first (else the step does nothing), and then
+# for the live watch to retire what the netns held (it checks every netns path once a second).
+QUIET_WAIT = 5.0
+RETIRE_WAIT = 10.0
+LANDED_WAIT = 10.0  # for the live watch to write, once the lock is gone, what it could not under it
 
 
 @dataclass
@@ -304,6 +315,13 @@ class Scenario:
             self.delete_pod(slot or 0)
         elif kind == "recreate_pod" and api and len(self.alive_slots()) < len(self.slots):
             self.recreate_pod(slot or 0)
+        elif kind == "lock_journal" and h.publisher.running and self.deletable() and not self.done["lock_journal"]:
+            self.done["lock_journal"] += 1
+            self.lock_journal(slot or 0)
+        elif (kind == "remove_netns" and api and h.proxy.up and h.publisher.running and self.vanishable()
+              and not self.done["remove_netns"]):
+            self.done["remove_netns"] += 1
+            self.remove_netns(slot or 0)
         else:
             return False
         return True
@@ -335,6 +353,94 @@ class Scenario:
         self.model.known.clear()
         self.model.tick()
         self.h.publisher.start()
+
+    def lock_journal(self, pick: int) -> None:
+        """A supervised thread's journal write fails: another process holds the journal's SQLite write
+        lock past the busy timeout while a live attachment's carrier goes (or comes back), so the
+        live watch cannot record it (a thread that let that error out was crashed by it and
+        restarted by the supervisor). The lock is released as soon as that write has failed (its
+        crash is logged or the watch counts a journal error), at most after LOCK_WAIT (a watch that
+        has not looked at this attachment yet writes nothing). Then every entry must follow its
+        interface again, those watched before the fault included: the change made under the lock
+        lands, and so do later ones."""
+        if not self.deletable():
+            return
+        publisher = self.h.publisher
+        # The fault hits attachments the watch follows, not events still in flight (a row the journal
+        # commits after the fault is watched anew whatever the watch kept): quiet first, if it gets there.
+        self._wait(self._watching_quietly, QUIET_WAIT)
+        since, started = publisher.log_size(), time.time()
+        errors = self._journal_errors()
+        with JournalLock(publisher.journal_db):
+            self.carrier(pick)
+            failed = self._wait(lambda: "live-watch" in publisher.crashed_since(since)
+                                or self._journal_errors() > errors, LOCK_WAIT)
+            written = self._interface_changes()
+        crashed = sorted(publisher.crashed_since(since))
+        self.h.steps["lock_journal: live watch write failed" if failed else "lock_journal: no write failed"] += 1
+        for thread in crashed:
+            self.h.steps[f"lock_journal: {thread} crashed"] += 1
+        self.log.append(f"journal write lock held {time.time() - started:.1f}s: live watch write failed {failed},"
+                        f" threads crashed {crashed or '-'}")
+        if failed:
+            # The watch writes what it could not: wait for that, so that the next step meets a watch that
+            # looks again (one that never does fails the final check instead).
+            self._wait(lambda: self._interface_changes() > written, LANDED_WAIT)
+
+    def _interface_changes(self) -> float:
+        return self.h.publisher.metric("netclaim_interface_changes_total") or 0.0
+
+    def _journal_errors(self) -> float:
+        return self.h.publisher.metric("netclaim_interface_watch_journal_errors_total") or 0.0
+
+    def vanishable(self) -> list[int]:
+        """Sandboxes of this boot holding an attachment the publisher was told of (and no DEL it saw)."""
+        told = {k.cid for k in self.model.known.values()}
+        return [i for i, sb in enumerate(self.sandboxes) if i not in self.dead and sb.cid in told]
+
+    def remove_netns(self, pick: int) -> None:
+        """The runtime removes a sandbox's netns and no DEL comes: the live watch retires the
+        sandbox's attachments at once, and a pod with another live attachment shows that one.
+
+        Only while the publisher is quiet (else the step does nothing): then every attachment it
+        was told of is journaled and its netns watched, so this is a netns going away under the
+        watch (not one already gone when the watch first looks, which the model does not follow)."""
+        candidates = self.vanishable()
+        publisher = self.h.publisher
+        if not candidates or not self._wait(self._watching_quietly, QUIET_WAIT):
+            self.h.steps["remove_netns: not quiet, skipped"] += 1
+            return
+        i = candidates[pick % len(candidates)]
+        sb = self.sandboxes[i]
+        retired = publisher.metric("netclaim_interface_netns_vanished_total") or 0.0
+        sb.destroy()
+        self.dead.add(i)
+        for ifname in NETWORKS:
+            self.live.discard((i, ifname))
+            self.drifted.discard((i, ifname))
+            self.carrierless.discard((i, ifname))
+            self.model.known.pop((sb.cid, ifname), None)
+        self.model.tick()
+        self.log.append(f"sandbox {sb.index}: netns {sb.netns} removed without DEL")
+        # The watch looks at each netns path once a second: wait for it, so that the final check
+        # never compares before it looked (a watch that never looks fails that check instead).
+        self._wait(lambda: (publisher.metric("netclaim_interface_netns_vanished_total") or 0.0) > retired,
+                   RETIRE_WAIT)
+
+    def _watching_quietly(self) -> bool:
+        """Quiet, and the live watch has looked at the journal since this process started (a
+        publisher is quiet before its first look too)."""
+        publisher = self.h.publisher
+        return publisher.quiescent() and (publisher.metric("netclaim_interface_watched_attachments") or 0) > 0
+
+    @staticmethod
+    def _wait(condition: Any, timeout: float) -> bool:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if condition():
+                return True
+            time.sleep(0.1)
+        return False
 
     def cut_api(self) -> None:
         self.h.proxy.cut()

@@ -8,14 +8,21 @@ publisher and plugin come back in a new boot, nothing sends a DEL), API cut at a
 the real API server stopped and started, token rotation with 401s, claim
 deallocation and reallocation (to another pod, another device, another node), a
 claim shared by a second pod (reservedFor with two pods: one entry, the latest attachment),
-pod deletion and re-creation, and the interface changing under the publisher in the real netns
-(an address removed, the carrier lost and regained: the live watch shows them). After each sequence the node is made healthy
+pod deletion and re-creation, the interface changing under the publisher in the real netns
+(an address removed, the carrier lost and regained: the live watch shows them), a sandbox's
+netns removed without a DEL (the live watch retires its attachments; done while the publisher
+is quiet), and a supervised thread's journal write failing (`lock_journal`): another process
+holds the journal's SQLite write lock past the busy timeout while a watched interface's carrier
+changes, so the live watch cannot record it (a watch that let the error out crashed and was
+restarted by the supervisor); the entries it watched before must follow their interface again.
+After each sequence the node is made healthy
 again and, once quiet, every claim's netclaim entries must be exactly what the
 model says (Model.expected_devices). Expensive steps (API server restart, token
 rotation) are only enabled in "heavy" sequences (about 1 in 20), at most
 once each, and planned at a drawn CNI step when the rules did not pick them;
-the publisher is killed at most once per sequence (twice when heavy), and the
-other non-CNI steps are capped per sequence so that most steps are CNI verbs.
+the publisher is killed at most once per sequence (twice when heavy), the journal
+is locked (about 5 s) and a netns removed at most once each, and the other
+non-CNI steps are capped per sequence so that most steps are CNI verbs.
 
 CI runs NETCLAIM_MODEL_EXAMPLES (default 60) sequences, derandomized (same
 sequences every run, no example database). It ran 200 until the safety net replaced the 300 s
@@ -53,7 +60,7 @@ picks = st.integers(0, 7)
 # a kind that does not apply at that point (see Scenario.disturb) is a no-op.
 kinds = st.sampled_from(["kill_publisher", "start_publisher", "reboot", "cut_api", "restore_api", "stop_apiserver",
                          "start_apiserver", "rotate_token", "allocate", "allocate", "delete_pod", "recreate_pod",
-                         "share"])
+                         "share", "lock_journal", "remove_netns"])
 
 
 def machine_for(harness: Harness) -> type[RuleBasedStateMachine]:
