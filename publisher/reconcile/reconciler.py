@@ -94,6 +94,8 @@ def rechoose(att: Attachment, claim: dict[str, Any], bound: set[tuple[str, str, 
 
     With the ADD's request and device ID: an interface on a VF stays on the allocated device
     that carries the VF's ID (`slice_facts(driver, keys)`, publisher/reconcile/slices.py).
+    While the driver republishes the pool, SlicesUnsettled (a TransientError) goes to the
+    reconcile's caller, which keeps the claim dirty and retries it: no choice from old slices.
     """
     ev = Event(op="ADD", container_id=att.container_id, ifname=att.ifname, driver=att.driver,
                network=att.network, request=att.request, device_id=att.device_id, order=att.stamp,

@@ -24,7 +24,7 @@ from cni_plugin.wire import Event, legacy_order, new_order
 
 from publisher import limits
 from publisher.kube.calls import Kube, NotFound
-from publisher.reconcile.slices import DeviceFacts, SliceFacts
+from publisher.reconcile.slices import DeviceFacts, SliceFacts, SlicesUnsettled
 
 
 class NotYet(Exception):
@@ -250,7 +250,8 @@ def choose_device(
     (`slice_facts(candidate keys)`) are only asked for a device ID or among several candidates.
     A single candidate held by another pod's attachment is a shared device: it is chosen
     (docs/publisher.md "Shared devices"). Raises Unresolvable (AmbiguousDevice,
-    DeviceIDNotAllocated) rather than guess.
+    DeviceIDNotAllocated) rather than guess; the slices raise SlicesUnsettled while the driver
+    republishes a candidate's pool (its devices are unknown until then).
     """
     chosen, how = _candidates(claim, event)
     read = (lambda: slice_facts([_key(r) for r in chosen])) if slice_facts else dict
@@ -415,6 +416,8 @@ class Resolver:
                                    lambda keys: self.slices.facts(event.driver, keys))
         except Unresolvable as exc:
             raise Unresolvable(f"claim {key}: {exc}", exc.reason, namespace, name, claim_uid) from None
+        except SlicesUnsettled as exc:  # the driver is republishing the pool: wait for it, never guess
+            raise NotYet(f"claim {key}: {exc}") from None
         if result is None:
             return None
         return Target(

@@ -11,17 +11,19 @@ from __future__ import annotations
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import (DRIVER, MERGE, Cluster, Plugin, cni_result, resynced, suffix)
+from publisher_testkit import (DRIVER, MERGE, Cluster, Plugin, cni_result, resynced, suffix, wait_until)
 
 FAST = ["--spool-interval", "0.2", "--resync-interval", "1", "--retry-max-delay", "1"]
 
 
-def _slice(cluster: Cluster, pool: str, devices: dict[str, dict[str, str]]) -> dict:
-    """A ResourceSlice of this node: device name -> {attribute: string value}."""
+def _slice(cluster: Cluster, pool: str, devices: dict[str, dict[str, str]], name: str = "", generation: int = 1,
+           count: int = 1) -> dict:
+    """A ResourceSlice of this node: device name -> {attribute: string value}. The API lists
+    slices in name order: `name` (a suffix) decides where this one comes."""
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{cluster.namespace}-{pool}"},
+            "metadata": {"name": f"{cluster.namespace}-{pool}{'-' + name if name else ''}"},
             "spec": {"driver": DRIVER, "nodeName": cluster.node,
-                     "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                     "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
                      "devices": [{"name": name, "attributes": {k: {"string": v} for k, v in attrs.items()}}
                                  for name, attrs in devices.items()]}}
     cluster.resource.create_resource_slice(body)
@@ -31,7 +33,7 @@ def _slice(cluster: Cluster, pool: str, devices: dict[str, dict[str, str]]) -> d
 @pytest.fixture
 def slices(cluster: Cluster):
     made: list[dict] = []
-    yield lambda pool, devices: made.append(_slice(cluster, pool, devices))
+    yield lambda pool, devices, **kw: made.append(_slice(cluster, pool, devices, **kw))
     for body in made:
         cluster.resource.delete_resource_slice(body["metadata"]["name"])
 
@@ -109,3 +111,42 @@ def test_a_reallocated_claim_keeps_each_interface_on_the_device_with_its_id(clus
     cluster.allocate(claim, [("vf", "b"), ("vf", "a")], "vfpod", uid, pool="vfpool2")
     devices = cluster.wait_devices(claim, lambda d: {e["device"] for e in d} == {"a", "b"})
     assert {k: v[0] for k, v in _by_device(devices).items()} == {"a": "net1", "b": "net2"}
+
+
+# Before and after a driver re-enumerated its VFs: the same PCI addresses, on the other device.
+BEFORE = {"vf-0": {"k8s.cni.cncf.io/deviceID": "0000:00:05.0"}, "vf-3": {"k8s.cni.cncf.io/deviceID": "0000:00:05.3"}}
+AFTER = {"vf-0": {"k8s.cni.cncf.io/deviceID": "0000:00:05.3"}, "vf-3": {"k8s.cni.cncf.io/deviceID": "0000:00:05.0"}}
+
+
+def test_a_pool_republished_at_a_new_generation_maps_by_the_new_ids_while_the_old_slice_remains(
+        cluster: Cluster, publisher, plugin, slices) -> None:
+    # The old generation is still there and lists after the new one (names sort a < b).
+    slices("vfpool", AFTER, name="a", generation=2)
+    slices("vfpool", BEFORE, name="b", generation=1)
+    claim, uid = _two_vf_pod(cluster, "vfpool")
+    pod, cid = PodRef(cluster.namespace, "vfpod", uid), "c" + suffix()
+    _vf_add(plugin, cid, pod, "net1", "10.81.0.5/24", "0a:58:0a:51:00:05", "0000:00:05.0")
+    _vf_add(plugin, cid, pod, "net2", "10.82.0.5/24", "0a:58:0a:52:00:05", "0000:00:05.3")
+    devices = cluster.wait_devices(claim, lambda d: len(d) == 2)
+    assert {k: v[0] for k, v in _by_device(devices).items()} == {"vf-3": "net1", "vf-0": "net2"}
+
+
+def test_a_new_generation_still_missing_slices_is_waited_for_not_guessed_from(cluster: Cluster, publisher, plugin,
+                                                                              slices) -> None:
+    slices("vfpool", BEFORE, name="b", generation=1)
+    # Generation 2 says it has two slices; the driver has written the first one only.
+    slices("vfpool", {"vf-0": AFTER["vf-0"]}, name="a1", generation=2, count=2)
+    claim, uid = _two_vf_pod(cluster, "vfpool")
+    pod = PodRef(cluster.namespace, "vfpod", uid)
+    _vf_add(plugin, "c" + suffix(), pod, "net1", "10.81.0.5/24", "0a:58:0a:51:00:05", "0000:00:05.0")
+    def waiting() -> list[dict]:
+        return [e for e in publisher.log_events() if e.get("msg") == "event not resolvable yet, retrying"
+                and "being republished" in e.get("error", "") and "has 1 of its 2 ResourceSlices" in e["error"]]
+
+    wait_until("the publisher to wait for the pool's slices, or to publish", lambda: waiting() or cluster.devices(claim))
+    assert cluster.devices(claim) == []  # not the old generation's vf-0, which carried 05.0
+    assert waiting()
+    slices("vfpool", {"vf-3": AFTER["vf-3"]}, name="a2", generation=2, count=2)
+    devices = cluster.wait_devices(claim, lambda d: len(d) == 1, timeout=60.0)
+    assert {k: v[0] for k, v in _by_device(devices).items()} == {"vf-3": "net1"}
+    assert cluster.warnings() == []

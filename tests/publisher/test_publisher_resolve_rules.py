@@ -6,7 +6,13 @@ import pytest
 
 from cni_plugin.wire import Event, PodRef
 from publisher.reconcile.resolver import Unresolvable, allocated_node, choose_device
-from publisher.reconcile.slices import DeviceFacts
+from publisher.reconcile.slices import (
+    DEFAULT_DEVICE_ID_ATTRIBUTES,
+    DeviceFacts,
+    SliceFacts,
+    SlicesUnsettled,
+    device_facts,
+)
 
 DRIVER = "net.example.com"
 
@@ -120,6 +126,63 @@ def test_two_candidates_with_the_same_id_are_ambiguous():
                    ("p", "nic1"): DeviceFacts(device_id="0000:00:05.0")})
     with pytest.raises(Unresolvable, match="several devices"):
         choose_device(claim(TWO), with_id("net1", "0000:00:05.0"), [], same)
+
+
+def vf_slice(name, generation, devices, count=1):
+    """A ResourceSlice of pool `p` as a driver publishes it: device name -> its PCI address."""
+    return {"metadata": {"name": name},
+            "spec": {"driver": DRIVER, "nodeName": "node-a",
+                     "pool": {"name": "p", "generation": generation, "resourceSliceCount": count},
+                     "devices": [{"name": n, "attributes": {"k8s.cni.cncf.io/deviceID": {"string": pci}}}
+                                 for n, pci in devices.items()]}}
+
+
+OLD = vf_slice("p-old", 1, {"nic0": "0000:3b:02.0", "nic1": "0000:3b:02.1"})
+NEW = vf_slice("p-new", 2, {"nic0": "0000:3b:02.1", "nic1": "0000:3b:02.0"})  # the driver renumbered
+
+
+def ids(slices):
+    facts = device_facts(slices, DRIVER, DEFAULT_DEVICE_ID_ATTRIBUTES)
+    return {device: f.device_id for (_, device), f in facts.items()}
+
+
+def test_a_republished_pool_is_read_from_its_newest_generation_whatever_the_listing_order():
+    assert ids([NEW, OLD]) == ids([OLD, NEW]) == {"nic0": "0000:3b:02.1", "nic1": "0000:3b:02.0"}
+
+
+def test_a_newest_generation_missing_slices_leaves_the_pools_devices_unknown():
+    half = vf_slice("p-new-a", 2, {"nic0": "0000:3b:02.1"}, count=2)
+    assert ids([OLD, half]) == {}
+    assert ids([OLD, half, vf_slice("p-new-b", 2, {"nic1": "0000:3b:02.0"}, count=2)]) == \
+        {"nic0": "0000:3b:02.1", "nic1": "0000:3b:02.0"}
+
+
+class Listing:
+    """The API server's answer to the slice list, as the test sets it; counts the lists."""
+
+    def __init__(self, items):
+        self.items, self.lists = items, 0
+
+    def list_resource_slices(self, node, driver):
+        self.lists += 1
+        return {"items": list(self.items)}
+
+
+def test_a_choice_waits_while_a_pool_is_republished_and_such_a_listing_is_never_kept():
+    half = vf_slice("p-new-a", 2, {"nic0": "0000:3b:02.1"}, count=2)
+    api = Listing([OLD, half])
+    facts = SliceFacts(api, "node-a", clock=lambda: 100.0)  # no time passes: only a kept copy saves a list
+    with pytest.raises(SlicesUnsettled, match="generation 2 has 1 of its 2 ResourceSlices"):
+        facts.facts(DRIVER, [("p", "nic0")])
+    api.items.append(vf_slice("p-new-b", 2, {"nic1": "0000:3b:02.0"}, count=2))
+    assert facts.facts(DRIVER, [("p", "nic0")])[("p", "nic0")].device_id == "0000:3b:02.1"
+    assert api.lists == 2
+    facts.facts(DRIVER, [("p", "nic0")])  # two generations listed: not kept either
+    assert api.lists == 3
+    api.items = [NEW]
+    facts.facts(DRIVER, [("p", "nic0")])
+    facts.facts(DRIVER, [("p", "nic0")])  # a pool at rest: kept
+    assert api.lists == 4
 
 
 def test_extended_resource_claim_is_one_of_the_pods_claims():
