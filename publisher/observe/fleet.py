@@ -4,9 +4,11 @@ Run by an operator with a kubeconfig, not on a node. It lists the node Leases of
 namespace (publisher/observe/nodelease.py writes one per node) and the cluster's Nodes, and shows a
 row per node: chained, contested, backlog, the oldest pending event, tracked claims, the age of the
 heartbeat, the version, and what is wrong. A node is a problem, and the exit code 1, when its keeper
-says netclaim is not chained, a conflist is contested, its heartbeat is stale (renewTime plus the
-Lease's duration is past: the publisher is down, or cannot reach the API server), or it runs no
-publisher at all (a Node without a Lease). 0: no problem; 3: the API could not be asked.
+says netclaim is not chained, a conflist is contested, a keeper is configured but did not answer
+the publisher (the chain is unknown where it must be known), its heartbeat is stale (renewTime plus
+the Lease's duration is past: the publisher is down, or cannot reach the API server), or it runs no
+publisher at all (a Node without a Lease). 0: no problem; 3: the API could not be asked. A node
+with no keeper configured (a systemd install) has its chain unknown as a note only.
 
 Two requests for the whole cluster: Leases by label, Nodes as metadata only (a PartialObjectMetadata
 list: a 5,000-node list of full Node objects would be hundreds of MB). Both are paged. The operator's
@@ -29,14 +31,16 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from publisher.observe.nodelease import ANNOTATION, COMPONENT
+from publisher.observe.nodelease import ANNOTATION, COMPONENT, KEEPER_UNREACHABLE
 
 EXIT_PROBLEM = 1
 EXIT_API = 3
 PAGE = 500
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 # What makes a row a problem (the exit code); anything else a row says is a note.
-PROBLEMS = ("not chained", "contested", "stale", "no publisher")
+PROBLEMS = ("not chained", "contested", "keeper unreachable", "stale", "no publisher")
+# What a publisher that predates the Lease's `keeper` wrote as `chain` when its keeper did not answer.
+_UNREACHABLE_LINE = "chain keeper unreachable at "
 
 
 @dataclass
@@ -114,6 +118,8 @@ def judge(row: Row) -> None:
         line, conflist = str(row.state.get("chain") or ""), str(row.state.get("conflist") or "")
         why = line.split(" problem=", 1)[1] if " problem=" in line else ""
         row.problems.append("not chained" + (f" in {conflist}" if conflist else "") + (f": {why}" if why else ""))
+    elif row.chained == "unknown" and keeper_unreachable(row.state):
+        row.problems.append(f"keeper unreachable: {row.state.get('chain') or 'no answer'}")
     elif row.chained == "unknown":
         row.notes.append("chain unknown (no chain keeper answer)")
     if row.contested:
@@ -125,6 +131,15 @@ def judge(row: Row) -> None:
         row.notes.append(f"{row.state['applyErrors']} claim(s) in error, last {last.get('claim', '?')}")
     if row.state.get("podsUnchained"):
         row.notes.append(f"{row.state['podsUnchained']} pod(s) started while not chained")
+
+
+def keeper_unreachable(state: dict[str, Any]) -> bool:
+    """The Lease says a chain keeper was configured and did not answer the publisher: whether the
+    node is chained is unknown where it should be known. No keeper configured (a systemd install)
+    or a keeper still starting is not this."""
+    if "keeper" in state:
+        return state["keeper"] == KEEPER_UNREACHABLE
+    return str(state.get("chain") or "").startswith(_UNREACHABLE_LINE)
 
 
 def fleet_rows(leases: list[dict[str, Any]], nodes: list[str] | None, now: float) -> list[Row]:
@@ -278,8 +293,8 @@ def fleet(kubeconfig: str | None, namespace: str, node_selector: str, lease_pref
           output: str) -> None:
     """Every node's heartbeat: chained, contested, backlog, heartbeat age, version; nodes without a publisher.
 
-    Exits 1 when a node is not chained, contested, stale (its publisher stopped renewing) or runs no
-    publisher; 3 when the API server could not be asked; 0 otherwise.
+    Exits 1 when a node is not chained, contested, its chain keeper does not answer, it is stale (its
+    publisher stopped renewing) or runs no publisher; 3 when the API server could not be asked; 0 otherwise.
     """
     leases, nodes = read_fleet(client_getter(kubeconfig), namespace, node_selector, lease_prefix)
     rows = fleet_rows(leases, nodes, time.time())

@@ -8,8 +8,9 @@ it is down), and the annotation `netclaim.dev/node-state` carries a small JSON d
 the node's parts already know:
 
 - chained, conflist, contested: the chain keeper's status line (publisher/chain/keeper.py
-  KeeperStatus.line, the body of its /readyz), read over the node's loopback; `unknown` when no
-  keeper is configured (a systemd install) or it does not answer;
+  KeeperStatus.line, the body of its /readyz), read over the node's loopback, never through a
+  proxy; `unknown` when no keeper is configured (a systemd install) or it does not answer, which
+  `keeper` tells apart (`none`, `answered`, `unreachable`: `fleet` fails on the last);
 - podsUnchained: pods found started while netclaim was not chained (publisher/repair/unchained.py,
   the NetclaimNotChained Warnings);
 - backlog and oldestPendingSeconds: events journaled or spooled and not yet applied (the same
@@ -65,6 +66,10 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 # ---------------------------------------------------------------- what the chain keeper says
 
 
+# Whether a keeper was asked and answered: the Lease's `keeper`.
+KEEPER_NONE, KEEPER_ANSWERED, KEEPER_UNREACHABLE = "none", "answered", "unreachable"
+
+
 @dataclass(frozen=True)
 class ChainView:
     """The keeper's view of the chain: chained is yes, no or unknown (no keeper, or no answer)."""
@@ -73,6 +78,7 @@ class ChainView:
     conflist: str = ""
     contested: tuple[str, ...] = ()
     detail: str = ""  # the keeper's line, or why it is unknown
+    keeper: str = KEEPER_NONE  # none configured, it answered, or it was configured and did not answer
 
 
 def chain_view(line: str) -> ChainView:
@@ -94,6 +100,12 @@ def chain_view(line: str) -> ChainView:
                      tuple(contested.group(1).split(",")) if contested else (), line[:200])
 
 
+# The keeper listens on this node: its probe never goes through the HTTP_PROXY / http_proxy a
+# publisher may have in its environment (a chart's extraEnv, an injecting webhook, an
+# EnvironmentFile), whatever NO_PROXY says. urlopen() would take those.
+_NODE_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def ask_keeper(address: str, timeout: float = limits.KEEPER_ASK_TIMEOUT) -> ChainView:
     """GET the keeper's /readyz (200 when chained or the contest is reported, 503 otherwise: both say the line)."""
     if not address:
@@ -101,12 +113,17 @@ def ask_keeper(address: str, timeout: float = limits.KEEPER_ASK_TIMEOUT) -> Chai
     host, _, port = address.rpartition(":")
     url = f"http://{host or '127.0.0.1'}:{port}/readyz"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - an address the operator gave
-            return chain_view(resp.read(512).decode("utf-8", "replace"))
+        with _NODE_LOCAL.open(url, timeout=timeout) as resp:
+            return _answered(resp.read(512))
     except urllib.error.HTTPError as exc:
-        return chain_view(exc.read(512).decode("utf-8", "replace"))
+        return _answered(exc.read(512))
     except (OSError, ValueError) as exc:
-        return ChainView(detail=f"chain keeper unreachable at {address}: {type(exc).__name__}")
+        return ChainView(detail=f"chain keeper unreachable at {address}: {type(exc).__name__}",
+                         keeper=KEEPER_UNREACHABLE)
+
+
+def _answered(body: bytes) -> ChainView:
+    return replace(chain_view(body.decode("utf-8", "replace")), keeper=KEEPER_ANSWERED)
 
 
 # ---------------------------------------------------------------- the node's state
@@ -130,7 +147,7 @@ class NodeState:
 
     def document(self) -> dict[str, Any]:
         return {"chained": self.chain.chained, "conflist": self.chain.conflist,
-                "contested": list(self.chain.contested), "chain": self.chain.detail,
+                "contested": list(self.chain.contested), "chain": self.chain.detail, "keeper": self.chain.keeper,
                 "podsUnchained": self.pods_unchained, "backlog": self.backlog,
                 "oldestPendingSeconds": round(self.oldest_pending_seconds, 1), "claims": self.claims,
                 "attachments": self.attachments, "applyErrors": self.apply_errors,
@@ -140,8 +157,8 @@ class NodeState:
     def signature(self) -> tuple[Any, ...]:
         """The parts whose change is written before the period ends (counts and ages wait for it)."""
         error = (self.last_apply_error or {}).get("claim", "")
-        return (self.chain.chained, self.chain.contested, self.pods_unchained > 0, self.backlog > 0,
-                self.apply_errors, error, self.ready, self.version)
+        return (self.chain.chained, self.chain.keeper, self.chain.contested, self.pods_unchained > 0,
+                self.backlog > 0, self.apply_errors, error, self.ready, self.version)
 
 
 @dataclass

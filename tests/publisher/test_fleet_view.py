@@ -10,6 +10,9 @@ node without a publisher and a contested conflist fail it, and a stopped publish
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -29,7 +32,7 @@ from publisher.observe.fleet import fleet_rows, row_of, summary, table
 from publisher.observe.nodelease import (ANNOTATION, ChainView, LeaseSettings, NodeLease, NodeState, Sources,
                                          chain_view, lease_body, micro_time, settings_from)
 
-from publisher_testkit import wait_until
+from publisher_testkit import REPO, wait_until
 
 # ---------------------------------------------------------------- the keeper's line
 
@@ -237,7 +240,7 @@ def a_lease(node: str, age: float, now: float, **doc: Any) -> dict[str, Any]:
             "spec": {"holderIdentity": node, "leaseDurationSeconds": 180, "renewTime": micro_time(now - age)}}
 
 
-def test_each_node_is_a_row_and_only_the_four_problems_fail() -> None:
+def test_each_node_is_a_row_and_only_the_problems_fail() -> None:
     now = 1_800_000_000.0
     leases = [a_lease("ok-1", 10, now), a_lease("unchained", 5, now, chained="no", chain="not chained conflist=-"),
               a_lease("contested", 5, now, chained="no", contested=["10-net.conflist"]),
@@ -253,11 +256,32 @@ def test_each_node_is_a_row_and_only_the_four_problems_fail() -> None:
     assert rows["systemd"].notes == ["chain unknown (no chain keeper answer)"]
     assert not rows["gone"].failing and rows["gone"].notes[-1].startswith("node gone")
     # A contested conflist has netclaim out of the chain: that node counts under both.
-    assert summary(list(rows.values())) == {"nodes": 8, "ok": 4, "not_chained": 2, "contested": 1, "stale": 1,
-                                            "no_publisher": 1}
+    assert summary(list(rows.values())) == {"nodes": 8, "ok": 4, "not_chained": 2, "contested": 1,
+                                            "keeper_unreachable": 0, "stale": 1, "no_publisher": 1}
     # The problems come first in the table.
     ordered = [r.node for r in fleet_rows(leases, nodes, now)]
     assert set(ordered[:4]) == failing
+
+
+def test_a_keeper_that_does_not_answer_fails_fleet_and_a_node_without_one_does_not(monkeypatch) -> None:
+    now = time.time()
+    unreachable = "chain keeper unreachable at 127.0.0.1:9467: URLError"
+    leases = [a_lease("down", 5, now, chained="unknown", keeper="unreachable", chain=unreachable),
+              a_lease("older", 5, now, chained="unknown", chain=unreachable),  # a publisher before `keeper`
+              a_lease("systemd", 5, now, chained="unknown", keeper="none",
+                      chain="no chain keeper configured (--keeper-address)"),
+              a_lease("starting", 5, now, chained="unknown", keeper="answered",
+                      chain="starting: the CNI conf dir is not read yet")]
+    nodes = ["down", "older", "systemd", "starting"]
+    rows = {r.node: r for r in fleet_rows(leases, nodes, now)}
+    assert rows["down"].problems == [f"keeper unreachable: {unreachable}"]
+    assert rows["older"].problems == rows["down"].problems
+    assert not rows["systemd"].failing and not rows["starting"].failing
+    assert summary(list(rows.values()))["keeper_unreachable"] == 2
+    monkeypatch.setattr(fleetmod, "client_getter", lambda _kubeconfig: None)
+    monkeypatch.setattr(fleetmod, "read_fleet", lambda *_a: (leases[:1], ["down"]))
+    result = CliRunner().invoke(cli.cli, ["fleet"])
+    assert result.exit_code == 1 and "keeper unreachable" in result.output, result.output
 
 
 def test_a_lease_without_renewal_or_state_is_stale_and_unknown() -> None:
@@ -331,6 +355,31 @@ class KeeperStub:
         self.server.server_close()
 
 
+class ProxyStandIn(KeeperStub):
+    """An HTTP proxy that answers every request 502, as a proxy that cannot reach a node's loopback would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.line = "bad gateway"
+
+
+def test_the_keepers_answer_reaches_the_lease_when_the_publisher_has_an_http_proxy() -> None:
+    keeper, proxy = KeeperStub(), ProxyStandIn()
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy", "all_proxy")}
+    env |= {"HTTP_PROXY": f"http://{proxy.address}", "http_proxy": f"http://{proxy.address}",
+            "PYTHONPATH": str(REPO)}
+    # A process of its own: urllib reads the proxy variables once per process.
+    code = ("import json, sys; from publisher.observe.nodelease import ask_keeper; v = ask_keeper(sys.argv[1]); "
+            "print(json.dumps([v.chained, v.conflist, v.keeper, v.detail]))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, keeper.address], env=env, capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    finally:
+        keeper.stop()
+        proxy.stop()
+    assert json.loads(out)[:3] == ["yes", "10-net.conflist", "answered"], out
+
+
 def run_fleet(kubeconfig: str, namespace: str, selector: str) -> tuple[int, dict[str, Any]]:
     result = CliRunner().invoke(cli.cli, ["fleet", "--kubeconfig", kubeconfig, "-n", namespace, "-l", selector,
                                           "-o", "json"])
@@ -374,6 +423,10 @@ def test_a_real_publisher_keeps_its_lease_and_fleet_shows_it_until_it_stops(cont
         assert contested["code"] == 1 and contested["chained"] == "no"
         keeper.line = KeeperStatus("10-net.conflist", True).line()
         wait_until("the contest to end", lambda: row(node_a)["code"] == 0, timeout=30)
+        keeper.stop()  # the keeper is configured and no longer answers: the chain is unknown where it matters
+        silent = wait_until("the silent keeper in the Lease", lambda: (r := row(node_a))["chained"] == "unknown" and r,
+                            timeout=30)
+        assert silent["code"] == 1 and silent["problems"][0].startswith("keeper unreachable: chain keeper unreachable")
 
         assert pub.metric("netclaim_node_lease_write_failures_total") == 0
         assert pub.metric('netclaim_api_requests_by_purpose_total{purpose="node-lease"}') >= 2
