@@ -4,7 +4,9 @@ Every write names the attachment by (containerID, ifname) *and* the stamp of
 the ADD that created it (`added`): a DEL, a GC, the boot rule or a re-ADD
 that replaced the row since the watch read it makes the write match nothing,
 so an observation never brings back what an event retired. The claim is
-marked dirty in the same transaction (its reconcile applies the change).
+marked dirty in the same transaction (its reconcile applies the change), due
+now unless its mark is already due later: a sibling hold or a Retry-After floor
+is kept (Journal._mark_dirty with keep_later).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def record_live(journal: Journal, w: Watched, live: dict) -> bool:
                          (text, w.container_id, w.ifname, w.added))
         if cur.rowcount == 0:
             return False
-        _mark_dirty(db, w.claim_namespace, w.claim_name, 0.0)
+        _mark_dirty(db, w.claim_namespace, w.claim_name, 0.0, keep_later=True)
     return True
 
 
@@ -74,5 +76,5 @@ def retire_vanished(journal: Journal, w: Watched) -> bool:
                          (w.container_id, w.ifname, w.added))
         if cur.rowcount == 0:
             return False
-        _mark_dirty(db, w.claim_namespace, w.claim_name, 0.0)
+        _mark_dirty(db, w.claim_namespace, w.claim_name, 0.0, keep_later=True)
     return True

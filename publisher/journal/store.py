@@ -43,6 +43,18 @@ class JournalBusy(sqlite3.OperationalError):
     """The publisher's own write slot (or read connection) was not free within its bound."""
 
 
+@dataclass(frozen=True)
+class DirtyMark:
+    """A claim's dirty mark as a reconcile read it before planning (Journal.dirty_mark).
+
+    `gen` 0: not marked. `next_try` is what the mark said then; the reconcile's settle compares
+    it to tell its own lease, which it ends, from a schedule someone set since (_clear_dirty).
+    """
+
+    gen: int = 0
+    next_try: float = 0.0
+
+
 @dataclass
 class WriteState:
     """How the journal's writes are going, read by the probes without any lock."""
@@ -247,7 +259,7 @@ class Journal:
             claims.add((ns, name))
             retired += 1
         for ns, name in sorted(claims):
-            _mark_dirty(db, ns, name, 0.0)
+            _mark_dirty(db, ns, name, 0.0, keep_later=True)
         db.execute("DELETE FROM tombstones")
         db.execute("DELETE FROM fences")
         return sorted(claims), retired
@@ -357,9 +369,12 @@ class Journal:
         desired state; they stay marked until a reconcile that planned after this
         commit succeeds, so a crash between this commit and the apply loses nothing.
         `lease` (seconds): the calling thread reconciles these claims itself right
-        after the commit, so housekeeping leaves the marks alone for that long
-        instead of reading the same claim a second time; a mark that outlives the
-        lease (the thread died, or its reconcile failed) is retried by housekeeping.
+        after the commit (or holds the apply that long, publisher/reconcile/rules.py),
+        so housekeeping leaves the marks alone for that long instead of reading the
+        same claim a second time; a mark that outlives the lease (the thread died, or
+        its reconcile failed) is retried by housekeeping. Without a lease the change is
+        only recorded for housekeeping: due now, unless the mark is already due later
+        (a sibling hold, a backoff with its Retry-After floor), which it keeps.
         """
         now = node_seconds()
         with self._tx() as db:
@@ -376,7 +391,7 @@ class Journal:
                 db.execute("INSERT INTO fences(driver, network, stamp, valid, recorded) VALUES (?,?,?,?,?)",
                            (driver, network, json.dumps(stamp), json.dumps(valid), now))
             for ns, name in dirty or []:
-                _mark_dirty(db, ns, name, now + lease if lease else 0.0)
+                _mark_dirty(db, ns, name, now + lease if lease else 0.0, keep_later=not lease)
             if seq is not None:
                 db.execute("UPDATE events SET state=?, error=?, finished=? WHERE seq=?", (state, error, now, seq))
 
@@ -449,16 +464,16 @@ class Journal:
     def next_dirty(self) -> float | None:
         return self._read("SELECT MIN(next_try) FROM dirty")[0][0]
 
-    def dirty_gen(self, ns: str, name: str) -> int:
-        """The generation of the claim's dirty mark (0: not marked); read before planning a reconcile."""
-        rows = self._read("SELECT gen FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))
-        return rows[0][0] if rows else 0
+    def dirty_mark(self, ns: str, name: str) -> DirtyMark:
+        """The claim's dirty mark (generation 0: not marked); read before planning a reconcile."""
+        rows = self._read("SELECT gen, next_try FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))
+        return DirtyMark(*rows[0]) if rows else DirtyMark()
 
     def settle(self, ns: str, name: str, delete: list[tuple[str, str]], upsert: list[Attachment],
-               applied: str | None, gen: int | None = None) -> None:
+               applied: str | None, mark: DirtyMark | None = None) -> None:
         """After a successful reconcile, in one transaction: forget/move attachments, remember
         the applied body's hash, and clear the claim's dirty mark, unless it was marked again
-        after the reconcile read `gen` (dirty_gen): that change is not in what was applied."""
+        after the reconcile read `mark` (dirty_mark): that change is not in what was applied."""
         now = node_seconds()
         with self._tx() as db:
             for key in delete:
@@ -467,12 +482,12 @@ class Journal:
                 self._put(db, att, now)
             if applied is not None:
                 db.execute("INSERT OR REPLACE INTO applied(claim, body_hash) VALUES (?,?)", (f"{ns}/{name}", applied))
-            _clear_dirty(db, ns, name, gen)
+            _clear_dirty(db, ns, name, mark, now)
 
-    def clean(self, ns: str, name: str, gen: int | None = None) -> None:
-        """Clear the claim's dirty mark (only up to generation `gen`, when given)."""
+    def clean(self, ns: str, name: str, mark: DirtyMark | None = None) -> None:
+        """Clear the claim's dirty mark (only up to the generation of `mark`, when given)."""
         with self._tx() as db:
-            _clear_dirty(db, ns, name, gen)
+            _clear_dirty(db, ns, name, mark, node_seconds())
 
     def retry_dirty(self, ns: str, name: str, next_try: float) -> None:
         with self._tx() as db:
@@ -670,16 +685,35 @@ def stamp_boot(raw: str) -> str:
     return stamp[0] if isinstance(stamp, list) and stamp and isinstance(stamp[0], str) else ""
 
 
-def _mark_dirty(db: sqlite3.Connection, ns: str, name: str, next_try: float) -> None:
+def _mark_dirty(db: sqlite3.Connection, ns: str, name: str, next_try: float, keep_later: bool = False) -> None:
     """Mark a claim to reconcile, with a new generation: a reconcile that planned with an older
-    generation must not clear the mark (Journal.settle), the change came after its plan."""
+    generation must not clear the mark (Journal.settle), the change came after its plan.
+
+    The mark is due at `next_try`. With `keep_later` (a change recorded for housekeeping: the
+    live watch, a claim window, a deleted pod, the boot rule) a mark already due later keeps its
+    time: a sibling hold (one apply per sandbox), a backoff and its Retry-After floor (the server
+    asked for that wait), or the lease of a thread reconciling the claim right now, which ends the
+    lease when it settles (_clear_dirty). Without it (the thread that committed the change
+    reconciles or holds the claim itself) `next_try` replaces the mark's time.
+    """
+    when = "MAX(dirty.next_try, excluded.next_try)" if keep_later else "excluded.next_try"
     db.execute("INSERT INTO dirty(claim_namespace, claim_name, next_try, gen) VALUES (?,?,?,1)"
-               " ON CONFLICT(claim_namespace, claim_name) DO UPDATE SET gen=gen+1,"
-               " next_try=excluded.next_try", (ns, name, next_try))
+               f" ON CONFLICT(claim_namespace, claim_name) DO UPDATE SET gen=gen+1, next_try={when}",
+               (ns, name, next_try))
 
 
-def _clear_dirty(db: sqlite3.Connection, ns: str, name: str, gen: int | None) -> None:
-    if gen is None:
+def _clear_dirty(db: sqlite3.Connection, ns: str, name: str, mark: DirtyMark | None, now: float) -> None:
+    """Clear the mark a reconcile planned with (all of it without `mark`).
+
+    A mark made after the plan stays. If it still carries the time the plan saw and that is
+    later than now, that time is the reconciling thread's own lease (a change recorded since
+    keeps it, _mark_dirty): the lease ends here and the change is due now, instead of when the
+    lease would have run out. A time set since (another thread's lease, a hold, a retry) stays.
+    """
+    if mark is None:
         db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=?", (ns, name))
-    else:
-        db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=? AND gen<=?", (ns, name, gen))
+        return
+    db.execute("DELETE FROM dirty WHERE claim_namespace=? AND claim_name=? AND gen<=?", (ns, name, mark.gen))
+    if mark.next_try > now:
+        db.execute("UPDATE dirty SET next_try=0 WHERE claim_namespace=? AND claim_name=? AND next_try=?",
+                   (ns, name, mark.next_try))

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 from cni_plugin.wire import Event, PodRef
 
 from publisher import logs
-from publisher.journal.store import Attachment, Journal
+from publisher.journal.store import Attachment, DirtyMark, Journal
 from publisher.kube.calls import Kube, NotFound, PermanentError
 from publisher.journal.order import BootOrder
 from publisher.live.status import shown_entry
@@ -283,13 +283,13 @@ class Reconciler:
                     self._gone(ns, name, exc.message, trigger)
                     self.verified(key)
                     return False
-            gen = self.journal.dirty_gen(ns, name)  # a mark made after this read outlives the reconcile
+            mark = self.journal.dirty_mark(ns, name)  # a mark made after this read outlives the reconcile
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
             desired = plan(claim, atts, self.node, self._pod_alive, self.order, self.slices.facts)
             self.covered(key, claim, {a.device_key for a in desired.shown})
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):
-                self.journal.clean(ns, name, gen)
+                self.journal.clean(ns, name, mark)
                 self.verified(key)
                 return False
             if self.windows is not None:
@@ -305,7 +305,7 @@ class Reconciler:
                 isolated = self._isolate(ns, name, claim, desired, exc, trigger)
                 if isolated is None:
                     self._rejected[key] = (body_hash(desired.entries), rv)
-                    self._refused(key, desired, exc, trigger, gen=gen)
+                    self._refused(key, desired, exc, trigger, mark=mark)
                     self.verified(key)
                     return False
                 desired, wrote = isolated, True
@@ -313,7 +313,7 @@ class Reconciler:
             # The state is told before the journal calls the claim clean: a status read in
             # between must not show a quiescent publisher with the claim still pending.
             self.report.claim_state(key, "published", "", [f"{a.pool}/{a.device}" for a in desired.shown])
-            self._commit(ns, name, desired, self.writer.last_digest(key) if wrote else None, gen)
+            self._commit(ns, name, desired, self.writer.last_digest(key) if wrote else None, mark)
             self.verified(key)
             if self.windows is not None:
                 self.windows.settled(key, desired.entries, claim, self.writer.answered(key) if wrote else rv)
@@ -350,7 +350,7 @@ class Reconciler:
                            dropped=desired.dropped, moved=desired.moved)
         return None
 
-    def _commit(self, ns: str, name: str, desired: Desired, applied: str | None, gen: int) -> None:
+    def _commit(self, ns: str, name: str, desired: Desired, applied: str | None, mark: DirtyMark) -> None:
         """One journal transaction: dropped and moved attachments, the applied hash, not dirty any more."""
         for att, why in desired.dropped:
             self.log.info("attachment dropped", extra={"reason": why, "claim": f"{ns}/{name}",
@@ -358,7 +358,7 @@ class Reconciler:
         with self.journal.atomically():  # an event committed since the plan wins over it
             dropped = {a.key for a, _ in desired.dropped if self._as_planned(a)}
             moved = [a for a in desired.moved if a.key not in dropped and self._as_planned(a)]
-            self.journal.settle(ns, name, sorted(dropped), moved, applied, gen)
+            self.journal.settle(ns, name, sorted(dropped), moved, applied, mark)
 
     def _as_planned(self, att: Attachment) -> bool:
         """Whether the journal still holds the attachment this reconcile planned with: a DEL,
@@ -376,7 +376,7 @@ class Reconciler:
         self.log.warning("claim is gone, its attachments are forgotten", extra=event_fields(trigger, key))
 
     def _refused(self, key: str, desired: Desired, exc: PermanentError, trigger: Event | None,
-                 keep_state: bool = False, gen: int | None = None) -> None:
+                 keep_state: bool = False, mark: DirtyMark | None = None) -> None:
         ns, _, name = key.partition("/")
         self.metrics.apply_errors.labels(str(exc.code)).inc()
         if keep_state:
@@ -388,4 +388,4 @@ class Reconciler:
         self.report.warn_claim(key, uid, "ApplyRejected",
                                f"apply of this node's entries rejected ({exc.code}): {exc.message}", trigger)
         if not keep_state:  # a partial refusal: the caller settles the claim with what was applied
-            self.journal.clean(ns, name, gen)
+            self.journal.clean(ns, name, mark)

@@ -2,7 +2,9 @@
 
 One thread. Every `spool_interval` it ingests the spool. Claims marked dirty are
 reconciled when due: at once when something says the claim may have drifted (a claim
-window saw a change, publisher/repair/claimwatch.py; the pod watch saw an attached pod deleted),
+window saw a change, publisher/repair/claimwatch.py; the pod watch saw an attached pod
+deleted; the live watch saw an interface change), unless the mark is already due later (a
+sibling hold, a backoff and its Retry-After floor: publisher/journal/store.py _mark_dirty);
 with capped exponential backoff and jitter when their last reconcile failed transiently
 (no answer, a lost answer, 429, 5xx: the server may or may not have applied, so the claim
 is read again and applied again). That is what repairs drift and lost applies, without any

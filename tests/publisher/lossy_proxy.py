@@ -14,6 +14,10 @@ to the API server: an apply whose answer was lost and that lands late, after
 the client has already retried (a request stuck in a slow server or an
 intermediary).
 
+While `throttle` is above 0, a status PATCH is not forwarded: it is answered 429
+with `Retry-After: <throttle>` (seconds), as the API server's priority and fairness
+answers a client it throttles; `throttled` counts those answers.
+
 With `apply_delay` (seconds, default 0) every status PATCH waits that long
 before it is forwarded: an API server whose applies are slow
 (scripts/harness/benchlib/publisher_burst.py measures a burst of ADDs so).
@@ -52,6 +56,8 @@ class LossyApiProxy:
         self.lose = threading.Event()
         self.hold = threading.Event()
         self.apply_delay = apply_delay
+        self.throttle = 0
+        self.throttled = 0
         self.upstream_timeout = upstream_timeout
         self.held: list[bytes] = []
         self.lost = 0
@@ -110,6 +116,8 @@ class LossyApiProxy:
                 self.held.append(_closing(head) + body)
                 _reset(conn)
                 return
+            if status_patch and self._throttled(conn):
+                return
             lose = status_patch and self._count_patch()
             if status_patch and self.apply_delay > 0:
                 time.sleep(self.apply_delay)  # a slow apply: the client waits this much longer for its answer
@@ -156,6 +164,20 @@ class LossyApiProxy:
                     codes.append(int(answer.split(b" ", 2)[1]) if answer else 0)
                     self._relay(up, None)
         return codes
+
+    def _throttled(self, conn: ssl.SSLSocket) -> bool:
+        """Answer 429 with Retry-After while `throttle` is set (the request is not forwarded)."""
+        with self._lock:
+            seconds = self.throttle
+            if seconds <= 0:
+                return False
+            self.throttled += 1
+        body = (b'{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Too many requests,'
+                b' please try again later.","reason":"TooManyRequests","code":429}')
+        conn.sendall(b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                     b"Retry-After: %d\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (seconds, len(body))
+                     + body)
+        return True
 
     def _count_patch(self) -> bool:
         with self._lock:

@@ -1,21 +1,31 @@
-"""A claim's dirty mark: cleared only by a reconcile that saw the change, left alone while its owner works.
+"""A claim's dirty mark: cleared only by a reconcile that saw the change, left alone while its owner works,
+and never made due sooner by a change than a sibling hold or the API server's Retry-After allows.
 
 The publisher's own parts in this process (the Service's journal file, rules,
 reconciler and writer, on the real API server), not started: the test is the
-worker and housekeeping. Interleavings two threads can produce are forced by
-running the other thread's step from inside an apply.
+worker, housekeeping and the live watch's journal write. Interleavings two
+threads can produce are forced by running the other thread's step from inside
+an apply.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cni_plugin.wire import PodRef
 from publisher import limits
-from publisher.service import Service
+from publisher.clock import node_seconds
+from publisher.journal.livestate import entry_and_live, record_live, watched_rows
+from publisher.kube.calls import Credentials, Kube
+from publisher.live.status import Observed, next_live
+from publisher.observe.metrics import Metrics
+from publisher.reconcile.mapper import now_rfc3339
+from publisher.service import Service, Settings
 from publisher_testkit import DRIVER, MERGE, Cluster, cni_result, suffix, wire_event
 
 pytestmark = pytest.mark.controlplane
@@ -141,3 +151,115 @@ def test_a_later_repair_is_not_credited_to_a_window_whose_claim_a_worker_reconci
     repaired = service.metrics.drift_repaired
     assert repaired.labels("window")._value.get() == 0, "credited to a window that repaired nothing"
     assert repaired.labels("outcome")._value.get() == 1
+
+
+NETNS = "/var/run/netns/held-sandbox"  # where the ADD says the sandbox is (the live watch's write needs one)
+
+
+def link_down(svc: Service, container_id: str) -> None:
+    """What the live watch writes when it sees the attachment's interface go down: the observation,
+    and a dirty mark on its claim (publisher/journal/livestate.py, the watch's only journal write)."""
+    row = next(w for w in watched_rows(svc.journal) if w.container_id == container_id)
+    found = entry_and_live(svc.journal, row)
+    assert found is not None
+    entry, stored = found
+    net = entry.get("networkData") or {}
+    seen = Observed(ifname=row.ifname, present=True, up=False, mac=net.get("hardwareAddress", ""),
+                    ips=list(net.get("ips") or []))
+    assert record_live(svc.journal, row, next_live(entry, stored, seen, now_rfc3339()))
+
+
+def count_applies(svc: Service, monkeypatch: Any) -> list[int]:
+    """Status applies that reached the API server (or the proxy in front of it)."""
+    real = svc.kube.apply_claim_status
+    applies = [0]
+
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        applies[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(svc.kube, "apply_claim_status", apply)
+    return applies
+
+
+def ready(devices: list[dict[str, Any]], device: str) -> str:
+    entry = next(d for d in devices if d["driver"] == DRIVER and d["device"] == device)
+    return next(c["status"] for c in entry["conditions"] if c["type"] == "Ready")
+
+
+def test_a_link_change_while_the_claim_is_held_waits_for_the_sandboxs_last_add(
+        cluster: Cluster, service: Service, monkeypatch):
+    """One apply per sandbox: the live watch's first look at a new sandbox finding its link down
+    does not apply the claim its first ADD holds; the last ADD applies both entries, link state
+    included."""
+    service.rules.settings.sibling_hold = 60.0  # no scheduling delay ends the hold during the test
+    claim, uid = cluster.pod_with_claim("held", [("nic", "nic0"), ("nic2", "nic1")])
+    pod, cid = PodRef(cluster.namespace, "held", uid), "c" + suffix()
+    service.rules.process(pending(service, wire_event("ADD", cid, pod, cni_result(), netns=NETNS)))
+    applies = count_applies(service, monkeypatch)
+    link_down(service, cid)
+    service.housekeeping.retry_dirty()  # a housekeeping pass right after the live watch's write
+    assert (applies[0], ours(cluster, claim)) == (0, []), "applied while the sandbox's other ADD was held for"
+    net1 = cni_result(ifname="net1", ipv4="10.78.0.5/24", ipv6=None, mac="0a:58:0a:4e:00:05")
+    service.rules.process(pending(service, wire_event("ADD", cid, pod, net1, ifname="net1", request_name="nic2",
+                                                      netns=NETNS)))
+    devices = cluster.devices(claim)
+    assert ours(cluster, claim) == [cid, cid]
+    assert (ready(devices, "nic0"), ready(devices, "nic1")) == ("False", "True")
+    assert applies[0] == 1
+    assert service.journal.dirty_claims() == []
+
+
+@pytest.fixture()
+def throttled_service(control_plane, proxy, workdir: Path):
+    """The publisher's Service whose API requests go through a proxy that can answer 429 (lossy_proxy.py)."""
+    via_proxy = dataclasses.replace(control_plane, server=proxy.url, ca_file=proxy.cert)
+    kubeconfig = str(via_proxy.kubeconfig_for_token(control_plane.token("admin"), workdir / "proxy.kubeconfig"))
+    kube = Kube(Credentials(kubeconfig).loader(kubeconfig, 4), credentials=Credentials(kubeconfig))
+    svc = Service(Settings(node_name="node-a", state_dir=str(workdir / "state"), spool_dir=str(workdir / "spool"),
+                           workers=1, emit_events=False), kube, Metrics())
+    yield svc
+    svc.stop()
+
+
+def test_a_claim_told_to_retry_after_a_minute_is_not_retried_sooner_for_a_link_change(
+        cluster: Cluster, throttled_service: Service, proxy, monkeypatch):
+    """The API server throttles the claim's apply (429, Retry-After: 60): a link change of its
+    sandbox meanwhile is applied by the retry after the minute, not by one sent at once."""
+    svc = throttled_service
+    claim, uid = cluster.pod_with_claim("throttled", [("nic", "nic0")])
+    cid = "c" + suffix()
+    proxy.throttle = 60
+    svc.rules.process(pending(svc, wire_event("ADD", cid, PodRef(cluster.namespace, "throttled", uid), cni_result(),
+                                              netns=NETNS)))
+    assert proxy.throttled == 1
+    link_down(svc, cid)
+    svc.housekeeping.drifted(cluster.namespace, claim, "a claim window saw a change")
+    svc.housekeeping.retry_dirty()  # a housekeeping pass right after both marks
+    assert proxy.throttled == 1, "the claim was retried before the server's Retry-After"
+    assert svc.journal.dirty_claims(node_seconds()) == []
+    proxy.throttle = 0
+    monkeypatch.setattr("publisher.repair.resync.node_seconds", lambda: EVERYTHING_DUE)  # the minute has passed
+    svc.housekeeping.retry_dirty()
+    assert ours(cluster, claim) == [cid]
+    assert ready(cluster.devices(claim), "nic0") == "False"
+    assert svc.journal.dirty_claims() == []
+
+
+def test_a_link_change_while_the_worker_applies_is_applied_once_that_apply_ends(
+        cluster: Cluster, service: Service, monkeypatch):
+    """A change recorded after the worker planned its apply keeps the worker's lease on the mark
+    (it may be the hold of a sandbox); the worker's end of the apply makes it due at once, not
+    DIRTY_LEASE later."""
+    claim, uid = cluster.pod_with_claim("lease", [("nic", "nic0")])
+    cid = "c" + suffix()
+    p_add = pending(service, wire_event("ADD", cid, PodRef(cluster.namespace, "lease", uid), cni_result(),
+                                        netns=NETNS))
+    during_apply(service, monkeypatch, lambda: link_down(service, cid))
+    service.rules.process(p_add)
+    assert ours(cluster, claim) == [cid]
+    assert ready(cluster.devices(claim), "nic0") == "True", "the change came after the apply was planned"
+    assert [c[:2] for c in service.journal.dirty_claims(node_seconds())] == [(cluster.namespace, claim)]
+    service.housekeeping.retry_dirty()
+    assert ready(cluster.devices(claim), "nic0") == "False"
+    assert service.journal.dirty_claims() == []
