@@ -133,6 +133,9 @@ class LiveWatch:
         self.pending: dict[tuple[str, str], float] = {}  # attachment -> when to write it
         self.held: dict[tuple[str, str], float] = {}  # attachment -> end of its hold after a write
         self.unopenable: dict[str, float] = {}  # netns path -> when to try opening it again
+        # Directories this watch has opened a netns in: the runtime's, mounted where the publisher looks.
+        # Knowledge of the node's mounts, not of the journal, so a restart of the loop keeps it.
+        self.netns_dirs: set[str] = set()
         # Attachments whose netns is gone and whose retire the journal refused: retired at _retire_at.
         self.retiring: dict[tuple[str, str], Watched] = {}
         self.failing: dict[str, Streak] = {}  # journal step -> its current failure streak
@@ -321,12 +324,13 @@ class LiveWatch:
             try:
                 space = Sandbox(path)
             except (NotANetns, OSError) as exc:
-                if gone(path, exc):
+                if gone(path, exc) and os.path.dirname(path) in self.netns_dirs:
                     self._retire([row], at_open=True)
                 else:
                     self._unopenable(row, path, exc, now)
                 return
             self.unopenable.pop(path, None)
+            self.netns_dirs.add(os.path.dirname(path))
             self.spaces[path] = space
             assert self._selector is not None
             self._selector.register(space, selectors.EVENT_READ, path)
@@ -522,5 +526,7 @@ def gone(path: str, exc: OSError) -> bool:
 
     A path valid at ADD that is missing now was removed by the runtime (a DEL lost while the
     publisher was down). A missing directory says nothing of the sandbox: that netns directory is
-    not mounted into the publisher's container, which is a configuration to report, not a removal."""
+    not mounted into the publisher's container, which is a configuration to report, not a removal.
+    Nor does an empty directory of the publisher's own image where the runtime's should be mounted:
+    the caller retires only in a directory where it has opened a netns (`LiveWatch.netns_dirs`)."""
     return exc.errno == errno.ENOENT and exc.filename == path and os.path.isdir(os.path.dirname(path))

@@ -30,6 +30,9 @@ BIN = Path(sys.executable).parent
 DRIVER = "net.example.com"
 DEVICE_CLASS = "netclaim-publisher-test"
 MERGE = "application/merge-patch+json"
+# The sandbox path of events whose interface no test looks at: a directory the publisher never sees a netns in,
+# so the live watch leaves the entry as the ADD said (a missing path there proves no sandbox gone).
+NO_NETNS = "/var/run/netns-not-mounted/none"
 
 
 def suffix() -> str:
@@ -330,7 +333,7 @@ def cni_result(ifname: str = "eth0", ipv4: str = "10.77.0.5/24", ipv6: str | Non
     return {"cniVersion": "1.1.0",
             "interfaces": [{"name": "br-x", "mac": "aa:aa:aa:aa:aa:01"},
                            {"name": "vethx", "mac": "aa:aa:aa:aa:aa:02"},
-                           {"name": ifname, "mac": mac, "mtu": 1500, "sandbox": "/var/run/netns/none"}],
+                           {"name": ifname, "mac": mac, "mtu": 1500, "sandbox": NO_NETNS}],
             "ips": ips, "routes": [], "dns": {}}
 
 
@@ -375,7 +378,7 @@ class Plugin:
 def add(plugin: Plugin, cid: str, pod: PodRef, **kw: Any) -> None:
     """The real plugin's ADD, with a prevResult that already carries the MAC (no netns needed)."""
     out = plugin.run("ADD", cid, pod, kw.pop("prev", None) or cni_result(**kw.pop("res", {})),
-                     netns="/var/run/netns/none", **kw)
+                     netns=NO_NETNS, **kw)
     assert out.returncode == 0, f"plugin ADD failed: {out.stdout} {out.stderr}"
 
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import (DRIVER, MERGE, Cluster, Plugin, Publisher, cni_result, drained, suffix, wait_until)
+from publisher_testkit import (DRIVER, MERGE, NO_NETNS, Cluster, Plugin, Publisher, cni_result, drained, suffix, wait_until)
 
 EXAMPLES = int(os.environ.get("NETCLAIM_DEVICE_MODEL_EXAMPLES", "8"))
 FAST = ["--spool-interval", "0.2", "--resync-interval", "1", "--retry-max-delay", "1"]
@@ -87,7 +87,7 @@ class Node:
         if channel == "spool":
             conf["socketPath"] = self.publisher.socket + ".none"
         out = self.plugin.run(verb, self.cid, PodRef(self.cluster.namespace, self.pod, self.uid), ifname=ifname,
-                              netns="/var/run/netns/none", conf=conf)
+                              netns=NO_NETNS, conf=conf)
         assert out.returncode == 0, out.stdout + out.stderr
 
     def expected(self) -> dict[str, str]:

@@ -88,7 +88,7 @@ def service(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]
     svc = Service(Settings(node_name="node-a", state_dir=str(workdir / "state"), spool_dir=str(workdir / "spool"),
                            workers=1, emit_events=False), Kube(api_client=None), Metrics())
     # Short holds and re-reads, so each step of a test takes a fraction of a second.
-    svc.live_watch.settings = LiveSettings(hold=0.2, journal_interval=0.5)
+    svc.live_watch.settings = LiveSettings(hold=0.2, journal_interval=0.5, retry_unopenable=0.5)
     yield svc
     svc.stop()
 
@@ -207,8 +207,10 @@ def test_after_a_crash_the_restarted_watch_follows_every_interface_again(service
 
 
 def test_an_attachment_whose_netns_is_already_gone_is_retired_not_retried_forever(service: Service,
-                                                                                  workdir: Path) -> None:
-    # The sandbox died while the publisher was down, and its DEL was lost: its netns path is gone.
+                                                                                  workdir: Path,
+                                                                                  pod_netns: PodNetns) -> None:
+    # The sandbox died while the publisher was down, and its DEL was lost: its netns path is gone,
+    # in the directory where the publisher sees a live pod's netns.
     gone = PodNetns(f"lw-{suffix()}")
     ip("netns", "add", gone.name)
     gone.remove()
@@ -217,15 +219,21 @@ def test_an_attachment_whose_netns_is_already_gone_is_retired_not_retried_foreve
     not_a_netns = workdir / "not-a-netns"
     not_a_netns.write_text("")
     unmounted_dir = str(workdir / "netns-dir-not-mounted" / "cni-1")
+    # An empty directory where the runtime's should be mounted (the image's own) holds no netns the
+    # watch ever opened: a missing path there is a mount to fix, not a sandbox gone.
+    (workdir / "netns-dir-of-the-image").mkdir()
+    image_dir = str(workdir / "netns-dir-of-the-image" / "cni-2")
 
     retired = journal_attachment(service, gone.path, cid="a" * 64, claim=("ns", "gone"))
     kept = [journal_attachment(service, str(not_a_netns), cid="b" * 64, claim=("ns", "file")),
-            journal_attachment(service, unmounted_dir, cid="d" * 64, claim=("ns", "unmounted"))]
+            journal_attachment(service, unmounted_dir, cid="d" * 64, claim=("ns", "unmounted")),
+            journal_attachment(service, image_dir, cid="e" * 64, claim=("ns", "image-dir"))]
+    journal_attachment(service, pod_netns.path, mac=pod_netns.mac(), cid="f" * 64, claim=("ns", "live"))
     service._spawn("live-watch", service.live_watch.run)
 
     wait_until("the attachment of the gone netns retired", lambda: live_state(service, retired) is None, timeout=30)
     wait_until("the watch's pass over the journal to end", lambda: service.live_watch.busy() == 0, timeout=30)
     assert dirty(service, ("ns", "gone"))  # its reconcile removes the entry from the claim
     assert service.metrics.live_vanished._value.get() == 1
-    assert [live_state(service, cid) for cid in kept] == ["Ready", "Ready"]
-    assert not dirty(service, ("ns", "file")) and not dirty(service, ("ns", "unmounted"))
+    assert [live_state(service, cid) for cid in kept] == ["Ready", "Ready", "Ready"]
+    assert not any(dirty(service, ("ns", claim)) for claim in ("file", "unmounted", "image-dir"))

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import DRIVER, Cluster, Plugin, cni_result, suffix
+from publisher_testkit import DRIVER, NO_NETNS, Cluster, Plugin, cni_result, suffix
 
 pytestmark = pytest.mark.controlplane
 
@@ -44,7 +44,7 @@ def wait_published(cluster: Cluster, names: set[str], timeout: float) -> None:
 
 def plugin_add(plugin: Plugin, i: int, pod: PodRef) -> tuple[int, float]:
     out = plugin.run("ADD", f"cid{i}-{suffix()}", pod, cni_result(ipv4=f"10.80.{i // 250}.{i % 250 + 2}/16"),
-                     netns="/var/run/netns/none")
+                     netns=NO_NETNS)
     return out.returncode, time.time()
 
 

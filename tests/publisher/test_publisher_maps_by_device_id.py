@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from cni_plugin.wire import PodRef
-from publisher_testkit import (DRIVER, MERGE, Cluster, Plugin, cni_result, resynced, suffix, wait_until)
+from publisher_testkit import (DRIVER, MERGE, NO_NETNS, Cluster, Plugin, cni_result, resynced, suffix, wait_until)
 
 FAST = ["--spool-interval", "0.2", "--resync-interval", "1", "--retry-max-delay", "1"]
 
@@ -42,7 +42,7 @@ def _vf_add(plugin: Plugin, cid: str, pod: PodRef, ifname: str, ipv4: str, mac: 
     conf = plugin.conf(cni_result(ifname=ifname, ipv4=ipv4, ipv6=None, mac=mac), request_name="vf")
     conf["capabilities"] = {"deviceID": True}
     conf["runtimeConfig"] = {"deviceID": device_id}
-    out = plugin.run("ADD", cid, pod, ifname=ifname, netns="/var/run/netns/none", conf=conf)
+    out = plugin.run("ADD", cid, pod, ifname=ifname, netns=NO_NETNS, conf=conf)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
