@@ -1,8 +1,11 @@
 """Pods started while netclaim is not in the chain, in the real single-node cluster (scripts/cluster.sh).
 
-netclaim is installed the operator way (the publisher as a node service,
-told its driver), then taken out of the primary conflist by hand, as a
-primary CNI's installer does when it rewrites its file. A pod with a claim
+netclaim is installed the operator way (`scripts/cluster.sh install-netclaim`:
+scripts/install.sh chains it and records its driver in the drivers file, the
+publisher runs as a node service reading that file, as the systemd unit does;
+no driver name is passed to it by hand, so a node whose install path does not
+tell the publisher its drivers fails here), then taken out of the primary
+conflist by hand, as a primary CNI's installer does when it rewrites its file. A pod with a claim
 started now never runs netclaim, so its claim gets no status: the publisher
 must say so (a NetclaimNotChained Warning Event on the pod and the
 netclaim_pods_unchained metrics), and must say nothing about a pod without a
@@ -91,9 +94,16 @@ def gets(cluster: RealCluster) -> float:
                if line.startswith("netclaim_api_requests_total{") and 'verb="get"' in line)
 
 
+def unchained_check(cluster: RealCluster) -> dict[str, Any]:
+    """The publisher's `status` of its unchained check: the drivers it looks for, or why it is off."""
+    from publisher.cli import request_status
+
+    return request_status(str(Path(cluster.dir) / "nc" / "publisher.sock"))["unchained_check"]
+
+
 def test_pod_started_while_unchained_gets_a_warning_event_and_a_metric(cluster: RealCluster) -> None:
-    env = {**cluster.env, "NETCLAIM_DRIVER_NAMES": cluster.driver, "NETCLAIM_UNCHAINED_GRACE": "3"}
-    cluster_sh("install-netclaim", env=env)
+    env = {k: v for k, v in cluster.env.items() if k not in ("NETCLAIM_DRIVER_NAMES", "NETCLAIM_DRIVERS_FILE")}
+    cluster_sh("install-netclaim", env={**env, "NETCLAIM_UNCHAINED_GRACE": "3"})
     conflist = Path(cluster.values["NETCLAIM_CONFLIST"])
     chained = conflist.read_bytes()
     ns = cluster.namespace(f"unch-{uuid.uuid4().hex[:6]}")
@@ -122,6 +132,9 @@ def test_pod_started_while_unchained_gets_a_warning_event_and_a_metric(cluster: 
         assert event["related"]["name"] == "late-net"
         assert "late-net" in event["note"] and cluster.driver in event["note"]
         assert entries_of(cluster.claim_yaml(ns, "late-net"), cluster.driver) == []  # what the Event explains
+        # The driver reached the publisher by the install path alone: the drivers file install.sh wrote,
+        # read when it changed (the publisher was started before install.sh ran).
+        assert unchained_check(cluster)["driver_names"] == [cluster.driver]
         assert metric(cluster, "netclaim_pods_unchained") == 1
         assert metric(cluster, "netclaim_pods_unchained_reported_total") == 1
         # The pods judged before it: started while chained, or without a claim, cost no warning, and the
