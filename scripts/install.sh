@@ -243,13 +243,21 @@ conflist_key() {
 # without one). record_driver DRIVER sets this conflist's line, record_driver "" drops it; the
 # other lines stay (several networks, several drivers); the file goes with its last line.
 # Written as a temp file + rename: the publisher, which reads it when it changes, sees all or nothing.
+# Two installs at once (one per network, from a configuration tool) take turns on the file's
+# directory, so neither loses the other's line.
 record_driver() {
-    local file dir key tmp line name rest
+    local file dir
     file="$(host "$DRIVERS_FILE")"
     dir="$(dirname "$file")"
-    key="$(conflist_key)"
     [[ -f "$file" || -n "$1" ]] || return 0
     if [[ ! -d "$dir" ]]; then mkdir -p "$dir" && chmod 0700 "$dir"; fi  # the unit's ConfigurationDirectoryMode
+    ( flock 9 && rewrite_drivers "$file" "$1" ) 9<"$dir"
+}
+
+rewrite_drivers() {
+    local file="$1" dir key tmp line name rest
+    dir="$(dirname "$file")"
+    key="$(conflist_key)"
     tmp="$(mktemp "$dir/.drivers.XXXXXX")"
     {
         if [[ -f "$file" ]]; then
@@ -262,7 +270,7 @@ record_driver() {
             printf '# `DRIVER CONFLIST` line each; netclaim-publisher reports claimed pods of these drivers that\n'
             printf '# started without netclaim in their chain (--drivers-file). --uninstall drops a line.\n'
         fi
-        [[ -z "$1" ]] || printf '%s %s\n' "$1" "$key"
+        [[ -z "$2" ]] || printf '%s %s\n' "$2" "$key"
     } >"$tmp" || { rm -f "$tmp"; die "cannot write $DRIVERS_FILE"; }
     if ! grep -qv -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$tmp"; then
         rm -f "$tmp" "$file"

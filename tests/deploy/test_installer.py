@@ -253,6 +253,27 @@ def test_the_publisher_gets_the_driver_of_every_network_and_an_uninstall_takes_o
     assert not drivers_file.exists()
 
 
+def test_installs_of_several_networks_at_once_each_keep_their_driver(tmp_root: Path, drivers_file: Path) -> None:
+    """A configuration tool installs every network of the node at the same moment: no install's line is lost."""
+    base = write_base(tmp_root)
+    drivers = [f"net{i}.example.com" for i in range(4)]
+    conflists = [base] + [base.parent / f"{20 + i}-net{i}.conflist" for i in range(1, 4)]
+    for path in conflists[1:]:
+        path.write_text(json.dumps({**BASE, "name": path.stem, "plugins": BASE["plugins"][:1]}, indent=2) + "\n")
+    commands = []
+    for conflist, driver in zip(conflists, drivers):
+        args = install_args(tmp_root, conflist, "--request", driver.split(".")[0])
+        args[args.index("--driver-name") + 1] = driver
+        commands.append(["bash", str(REPO / "scripts" / "install.sh"), *args])
+    for _ in range(3):  # a lost line needs two rewrites to overlap: several rounds make that likely without a lock
+        drivers_file.unlink(missing_ok=True)
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for cmd in commands]
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+        assert publishers_drivers(drivers_file) == set(drivers), drivers_file.read_text()
+
+
 def test_a_converted_conf_keeps_its_driver_until_its_uninstall(tmp_root: Path, drivers_file: Path) -> None:
     """NAME.conf is installed as NAME.conflist; --uninstall with either name takes its driver away."""
     conf = tmp_root / "10-single.conf"

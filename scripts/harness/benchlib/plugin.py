@@ -230,7 +230,7 @@ def _install_bundle(tmp: Path) -> tuple[str, Path]:
     conflist.write_text(json.dumps({"cniVersion": "1.0.0", "name": "bench", "plugins": [{"type": "bridge"}]}))
     built = _sh("bash", str(REPO / "scripts" / "build-plugin.sh")).strip().splitlines()[-1]
     _sh("bash", str(REPO / "scripts" / "install.sh"), "--cni-bin-dir", str(tmp / "bin"), "--conflist", str(conflist),
-        "--driver-name", "net.example.com", "--bundle", built)
+        "--driver-name", "net.example.com", "--bundle", built, "--drivers-file", str(tmp / "drivers"))
     return str(tmp / "bin" / "netclaim"), Path(built)
 
 
