@@ -249,8 +249,10 @@ class Service:
                 read_failed = False
                 self.health.clear("journal")  # reading works again (a write failure clears on its own)
             self.down.pop(name, None)
+            self._end_holds(shard, name)
             if not batch:
-                wait = 5.0 if due is None else max(0.0, min(5.0, due - node_seconds()))
+                ends = [t for t in (due, self.rules.next_hold_end(shard, n)) if t is not None]
+                wait = 5.0 if not ends else max(0.0, min(5.0, min(ends) - node_seconds()))
                 self._wake[shard].wait(wait)
                 continue
             for pending in batch:
@@ -259,6 +261,17 @@ class Service:
                 self._handle(pending)
                 self.health.beat(name)
             self._gauges()
+
+    def _end_holds(self, shard: int, name: str) -> None:
+        """Apply the claims whose sibling hold ended without the sandbox's last ADD, here on the
+        sandbox's own worker, beside the others, not one after another on housekeeping's thread.
+        A failure leaves the claim's mark to housekeeping, once the hold's lease is over."""
+        for claim, hold in self.rules.ended_holds(shard, self.settings.workers):
+            try:
+                self.rules.apply_held(claim, hold)
+            except Exception:  # the mark stays: housekeeping retries the claim
+                self.log.exception("held claim not applied", extra={"component": name, "claim": claim})
+            self.health.beat(name)
 
     def _attached_pods(self) -> set[str]:
         """Pod UIDs with an attachment in the journal (publisher/repair/unchained.py asks only for suspects)."""

@@ -24,8 +24,13 @@ A sandbox with several networks on one claim (Multus runs them one after
 another) would cost one apply per network while its pod starts. The ADD rule
 holds the claim's apply while the claim has devices of the same driver that
 this sandbox has not attached yet, for at most limits.SIBLING_HOLD after its
-first ADD: the last ADD applies them all at once. The hold is the dirty mark's
-lease, so it survives a crash and housekeeping applies when the hold ends.
+first ADD: the last ADD applies them all at once. When the hold ends without
+that last ADD (a device no network reports on), the worker of the sandbox's
+shard applies the claim (Rules.ended_holds, apply_held), with the copy the held
+ADDs read while it is still current. The hold is the dirty mark's lease, which
+runs DIRTY_LEASE past the hold's end, so a change recorded meanwhile (the live
+watch, a claim window) waits for that apply, and after a crash or a worker that
+never got to it housekeeping applies.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from publisher import limits
 from publisher import logs
 from publisher.clock import node_seconds
 from publisher.journal.store import Attachment, Journal, Pending
+from publisher.journal.schema import shard_key
 from publisher.journal.order import BootOrder
 from publisher.kube.calls import PermanentError, TransientError
 from publisher.limits import InvalidEntry
@@ -59,6 +65,7 @@ class _Hold:
     """A claim whose apply waits for the rest of one sandbox's ADDs (Rules._hold)."""
 
     first: float  # node time of the sandbox's first held ADD on the claim
+    shard: int  # the sandbox's shard key: its worker applies the claim when the hold ends
     claim: dict[str, Any] | None = None  # the copy that ADD read, while no other change came
     tick: int | None = None  # the ClaimChanges tick that copy is current at
 
@@ -186,7 +193,8 @@ class Rules:
                 return None
             dirty = self._add_dirty(target, before, current)
             hold = self._hold(target, ev) if len(dirty) == 1 else 0.0
-            self.journal.finish(p.seq, "done", "", upsert=[att], dirty=dirty, lease=hold or limits.DIRTY_LEASE)
+            # Held: this worker applies at the hold's end (ended_holds); housekeeping only after a lease more.
+            self.journal.finish(p.seq, "done", "", upsert=[att], dirty=dirty, lease=hold + limits.DIRTY_LEASE)
             tick = self.reconciler.changes.record([target.claim_key], read_at)
             if hold:
                 self._keep_copy(target, ev.container_id, tick)
@@ -213,14 +221,50 @@ class Rules:
                 return 0.0
             if key not in self._holds and len(self._holds) >= limits.MAX_HOLDS:
                 return 0.0
-            first = self._holds.setdefault(key, _Hold(now)).first
+            first = self._holds.setdefault(key, _Hold(now, shard_key(ev.container_id))).first
             left = first + self.settings.sibling_hold - now
             if left <= 0:
                 del self._holds[key]
                 return 0.0
-            while self._holds and next(iter(self._holds.values())).first + self.settings.sibling_hold < now:
-                self._holds.popitem(last=False)  # ended holds of sandboxes whose last ADD never came
             return left
+
+    def ended_holds(self, shard: int, shards: int) -> list[tuple[str, _Hold]]:
+        """The holds of this worker's sandboxes that ended without their last ADD, taken: the
+        worker applies their claims (apply_held), and their claim copies go with them.
+
+        Holds are kept in the order they began, so the ended ones are the first few.
+        """
+        now = node_seconds()
+        with self._holds_lock:
+            ended = []
+            for key, hold in self._holds.items():
+                if hold.first + self.settings.sibling_hold > now:
+                    break
+                if hold.shard % shards == shard:
+                    ended.append(key)
+            return [(key[0], self._holds.pop(key)) for key in ended]
+
+    def next_hold_end(self, shard: int, shards: int) -> float | None:
+        """Node time the first hold of this worker's sandboxes ends (None: it holds nothing)."""
+        with self._holds_lock:
+            return next((hold.first + self.settings.sibling_hold for hold in self._holds.values()
+                         if hold.shard % shards == shard), None)
+
+    def holding(self) -> int:
+        """How many holds (each with its claim copy) are kept now."""
+        with self._holds_lock:
+            return len(self._holds)
+
+    def apply_held(self, claim_key: str, hold: _Hold) -> None:
+        """Apply a claim whose hold ended without the sandbox's last ADD (a device no network
+        reports on): what its ADDs recorded, with the copy they read while it is current."""
+        ns, _, name = claim_key.partition("/")
+        if not self.journal.dirty_mark(ns, name).gen:
+            return  # applied meanwhile (the sandbox's DEL, a retry): the hold holds nothing any more
+        try:
+            self.reconciler.reconcile(ns, name, hold.claim, None, hold.tick)
+        except TransientError as exc:
+            self.claim_retry(ns, name, exc)
 
     def _keep_copy(self, target: Target, container_id: str, tick: int | None) -> None:
         """The held claim as the resolver read it, and the tick up to which it is known current

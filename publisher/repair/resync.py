@@ -90,10 +90,10 @@ class Housekeeping:
 
     def held(self, ns: str, name: str) -> None:
         """An ADD holds the claim's apply for its sandbox's other ADDs (publisher/reconcile/rules.py):
-        the mark is due at the hold's end, and the apply it leads to is no repair."""
+        the sandbox's worker applies it when the hold ends; the mark is due here only a lease
+        later (a worker that never got to it), and the apply it leads to is no repair."""
         with self._guard:
             self._causes[f"{ns}/{name}"] = "held"
-        self.wake.set()
 
     def request_resync(self) -> None:
         self._resync_requested.set()

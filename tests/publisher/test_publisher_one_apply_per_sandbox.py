@@ -2,7 +2,8 @@
 
 Multus runs a pod's networks one after another, each chain ending in netclaim, so the
 publisher gets one ADD per network within a few hundred milliseconds while the pod starts.
-Everything is real: the publisher process, kube-apiserver and etcd.
+Everything is real: the publisher process (or its Service in this process, with its one
+worker thread), kube-apiserver and etcd.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from cni_plugin.wire import PodRef, event_request
-from publisher_testkit import DRIVER, MERGE, Cluster, cni_result, drained, request, suffix, wire_event
+from publisher.service import Service
+from publisher_testkit import DRIVER, MERGE, Cluster, cni_result, drained, request, suffix, wait_until, wire_event
 
 pytestmark = pytest.mark.controlplane
 
@@ -31,6 +33,10 @@ def applies(publisher) -> float:
 def reads(publisher) -> float:
     return sum(publisher.metric(f'netclaim_api_requests_by_purpose_total{{purpose="{p}"}}')
                for p in ("resolve-get", "resolve-watch"))
+
+
+def reconcile_reads(publisher) -> float:
+    return publisher.metric('netclaim_api_requests_by_purpose_total{purpose="reconcile"}')
 
 
 def add(publisher, cid: str, pod: PodRef, ifname: str, request_name: str, ip: str) -> None:
@@ -57,16 +63,37 @@ def test_a_sandboxs_networks_on_one_claim_are_written_in_one_apply(cluster: Clus
 
 def test_a_device_no_network_reports_on_delays_the_others_by_the_hold_only(cluster: Cluster, publisher):  # 1 s
     """The claim's second device belongs to no chain with netclaim: the first network's entry is
-    written when the hold ends, by housekeeping, in one apply, and counts as no repair."""
+    written when the hold ends, by the sandbox's worker with the claim copy its ADD read (one
+    read, one apply: no second read), and counts as no repair."""
     claim, uid = cluster.pod_with_claim("lonely", [("nic", "nic0"), ("nic2", "nic1")])
     pod, cid = PodRef(cluster.namespace, "lonely", uid), "c" + suffix()
-    before = applies(publisher)
+    before, read_before, reconcile_before = applies(publisher), reads(publisher), reconcile_reads(publisher)
     add(publisher, cid, pod, "eth0", "nic", "10.77.0.5/24")
     cluster.wait_devices(claim, lambda d: set(entries(d)) == {"nic0"}, timeout=30)
     drained(publisher)
     assert applies(publisher) - before == 1
+    assert (reads(publisher) - read_before, reconcile_reads(publisher) - reconcile_before) == (1, 0), \
+        "the claim was read again when the hold ended"
     assert sum(publisher.metric(f'netclaim_drift_repaired_total{{cause="{c}"}}')
                for c in ("window", "outcome", "pod_deleted", "safety_net")) == 0
+
+
+def test_an_ended_hold_keeps_no_claim_copy_when_no_pod_follows(cluster: Cluster, service: Service):  # 1 s
+    """A hold that ends without the sandbox's last ADD is applied by the sandbox's worker and
+    forgotten with its claim copy, without waiting for another pod's hold to sweep it."""
+    claim, uid = cluster.pod_with_claim("forgotten", [("nic", "nic0"), ("nic2", "nic1")])
+    cid = "c" + suffix()
+    event = wire_event("ADD", cid, PodRef(cluster.namespace, "forgotten", uid),
+                       cni_result(ipv4="10.77.0.5/24", ipv6=None))
+    service._spawn("housekeeping", service.housekeeping.run)
+    service.pods.synced.set()  # the worker's wait for the pod watch's first listing: nothing to wait for here
+    service._spawn("worker-0", lambda: service._worker(0))  # the publisher's only worker
+    assert service.journal.append(event)
+    service._wake[0].set()  # what the socket intake does once an event is committed
+    wait_until("the ADD to be held", lambda: service.metrics.apply_holds._value.get() == 1, timeout=30)
+    cluster.wait_devices(claim, lambda d: set(entries(d)) == {"nic0"}, timeout=30)
+    wait_until("the ended hold and its claim copy to be dropped", lambda: service.rules.holding() == 0, timeout=30)
+    assert service.journal.dirty_claims() == []
 
 
 def test_a_claim_shared_by_two_pods_is_not_held(cluster: Cluster, publisher_factory):
