@@ -34,7 +34,7 @@ SLOTS = 3
 LOCK_WAIT = 2 * limits.JOURNAL_BUSY_TIMEOUT + LiveSettings().hold + 2.0
 # How long a netns removal waits for a quiet publisher first (else the step does nothing), and then
 # for the live watch to retire what the netns held (it checks every netns path once a second).
-QUIET_WAIT = 5.0
+QUIET_WAIT = 3.0
 RETIRE_WAIT = 10.0
 LANDED_WAIT = 10.0  # for the live watch to write, once the lock is gone, what it could not under it
 
@@ -79,6 +79,7 @@ class Scenario:
     model: Model = field(init=False)
     sid: str = ""
     heavy: bool = False
+    faults: bool = False  # a "fault" sequence: the journal's write lock may be taken (once)
     slots: list[Slot] = field(default_factory=list)
     sandboxes: list[Sandbox] = field(default_factory=list)
     added: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)  # -> ADD's printed result
@@ -99,15 +100,17 @@ class Scenario:
 
     # ------------------------------------------------------------ setup
 
-    def begin(self, heavy: bool = False, first: str = "", plan: int | None = None) -> None:
+    def begin(self, heavy: bool = False, first: str = "", plan: int | None = None, faults: bool = False) -> None:
         """Claims ca (request a) -> p0 and cb (request b) -> p1, a sandbox for p0 and p1; with
         `first` (a channel) their attachments on the claims' requests are ADDed already. A heavy
         sequence with a `plan` rotates the token after CNI step `plan` and has the API server
-        down from step plan+1 to plan+3 (when the rules did not do it already)."""
+        down from step plan+1 to plan+3 (when the rules did not do it already). A `faults`
+        sequence may lock the journal (once: the machine's rule)."""
         self.plan = plan if heavy else None
         self.h.sequences += 1
         self.sid = f"{self.h.sequences}{uuid.uuid4().hex[:4]}"
         self.heavy = heavy
+        self.faults = faults
         self.model = Model(self.h.namespace)
         for base, request in CLAIMS.items():
             name = f"{base}-{self.sid}"
@@ -315,13 +318,6 @@ class Scenario:
             self.delete_pod(slot or 0)
         elif kind == "recreate_pod" and api and len(self.alive_slots()) < len(self.slots):
             self.recreate_pod(slot or 0)
-        elif kind == "lock_journal" and h.publisher.running and self.deletable() and not self.done["lock_journal"]:
-            self.done["lock_journal"] += 1
-            self.lock_journal(slot or 0)
-        elif (kind == "remove_netns" and api and h.proxy.up and h.publisher.running and self.vanishable()
-              and not self.done["remove_netns"]):
-            self.done["remove_netns"] += 1
-            self.remove_netns(slot or 0)
         else:
             return False
         return True
@@ -356,7 +352,8 @@ class Scenario:
 
     def lock_journal(self, pick: int) -> None:
         """A supervised thread's journal write fails: another process holds the journal's SQLite write
-        lock past the busy timeout while a live attachment's carrier goes (or comes back), so the
+        lock past the busy timeout while a live attachment loses its IPv4 address (or, when it
+        has already, its carrier goes or comes back), so the
         live watch cannot record it (a thread that let that error out was crashed by it and
         restarted by the supervisor). The lock is released as soon as that write has failed (its
         crash is logged or the watch counts a journal error), at most after LOCK_WAIT (a watch that
@@ -371,8 +368,12 @@ class Scenario:
         self._wait(self._watching_quietly, QUIET_WAIT)
         since, started = publisher.log_size(), time.time()
         errors = self._journal_errors()
+        i, ifname = self.deletable()[pick % len(self.deletable())]
         with JournalLock(publisher.journal_db):
-            self.carrier(pick)
+            if (i, ifname) in self.drifted:
+                self.carrier(pick)
+            else:  # an address removed stays removed: no later step undoes what the watch had to record
+                self.drift(pick)
             failed = self._wait(lambda: "live-watch" in publisher.crashed_since(since)
                                 or self._journal_errors() > errors, LOCK_WAIT)
             written = self._interface_changes()
@@ -404,7 +405,8 @@ class Scenario:
 
         Only while the publisher is quiet (else the step does nothing): then every attachment it
         was told of is journaled and its netns watched, so this is a netns going away under the
-        watch (not one already gone when the watch first looks, which the model does not follow)."""
+        watch (not one already gone when the watch first looks, which the model does not follow).
+        Replayed step lists only: an effect that depends on timing is no hypothesis rule."""
         candidates = self.vanishable()
         publisher = self.h.publisher
         if not candidates or not self._wait(self._watching_quietly, QUIET_WAIT):

@@ -9,20 +9,23 @@ the real API server stopped and started, token rotation with 401s, claim
 deallocation and reallocation (to another pod, another device, another node), a
 claim shared by a second pod (reservedFor with two pods: one entry, the latest attachment),
 pod deletion and re-creation, the interface changing under the publisher in the real netns
-(an address removed, the carrier lost and regained: the live watch shows them), a sandbox's
-netns removed without a DEL (the live watch retires its attachments; done while the publisher
-is quiet), and a supervised thread's journal write failing (`lock_journal`): another process
-holds the journal's SQLite write lock past the busy timeout while a watched interface's carrier
-changes, so the live watch cannot record it (a watch that let the error out crashed and was
-restarted by the supervisor); the entries it watched before must follow their interface again.
+(an address removed, the carrier lost and regained: the live watch shows them), and a supervised
+thread's journal write failing (lock_journal): another process holds the journal's SQLite write
+lock past the busy timeout while a watched interface changes (an address removed, else its carrier),
+so the live watch cannot
+record it (a watch that let the error out crashed and was restarted by the supervisor); the
+entries it watched before must follow their interface again. A netns removed without a DEL is
+not a rule: whether the live watch had it open decides the outcome, and the publisher's
+quiet moments are timing (a rule whose effect depends on them makes generation flaky); the
+replayed test_regressions.py removes one after the journal fault (Scenario.remove_netns).
 After each sequence the node is made healthy
 again and, once quiet, every claim's netclaim entries must be exactly what the
 model says (Model.expected_devices). Expensive steps (API server restart, token
 rotation) are only enabled in "heavy" sequences (about 1 in 20), at most
 once each, and planned at a drawn CNI step when the rules did not pick them;
-the publisher is killed at most once per sequence (twice when heavy), the journal
-is locked (about 5 s) and a netns removed at most once each, and the other
-non-CNI steps are capped per sequence so that most steps are CNI verbs.
+the publisher is killed at most once per sequence (twice when heavy); the journal
+lock (held about 5 s) only happens in "fault" sequences (about 1 in 4), at most
+once; the other non-CNI steps are capped per sequence so that most steps are CNI verbs.
 
 CI runs NETCLAIM_MODEL_EXAMPLES (default 60) sequences, derandomized (same
 sequences every run, no example database). It ran 200 until the safety net replaced the 300 s
@@ -60,7 +63,7 @@ picks = st.integers(0, 7)
 # a kind that does not apply at that point (see Scenario.disturb) is a no-op.
 kinds = st.sampled_from(["kill_publisher", "start_publisher", "reboot", "cut_api", "restore_api", "stop_apiserver",
                          "start_apiserver", "rotate_token", "allocate", "allocate", "delete_pod", "recreate_pod",
-                         "share", "lock_journal", "remove_netns"])
+                         "share"])
 
 
 def machine_for(harness: Harness) -> type[RuleBasedStateMachine]:
@@ -76,9 +79,9 @@ def machine_for(harness: Harness) -> type[RuleBasedStateMachine]:
             getattr(self.s, step)(**kwargs)
 
         @initialize(heavy=st.sampled_from([False] * 19 + [True]), first=st.sampled_from(["socket", "spool"]),
-                    plan=st.integers(0, 6))
-        def begin(self, heavy: bool, first: str, plan: int) -> None:
-            self.s.begin(heavy, first, plan)
+                    plan=st.integers(0, 6), faults=st.sampled_from([False] * 3 + [True]))
+        def begin(self, heavy: bool, first: str, plan: int, faults: bool) -> None:
+            self.s.begin(heavy, first, plan, faults)
 
         def teardown(self) -> None:
             try:
@@ -123,6 +126,13 @@ def machine_for(harness: Harness) -> type[RuleBasedStateMachine]:
         @rule()
         def rotate_token(self) -> None:
             self.do("rotate_token")
+
+        # fault sequences (about 1 in 4), at most once: the lock costs about 6 s
+        @precondition(lambda self: self.s.faults and not self.s.count("lock_journal") and harness.publisher.running
+                      and self.s.deletable())
+        @rule(pick=picks)
+        def lock_journal(self, pick: int) -> None:
+            self.do("lock_journal", pick=pick)
 
         @rule(kind=kinds, claim=st.sampled_from(["ca", "cb"]), slot=st.one_of(st.none(), st.integers(0, 2)),
               device=st.sampled_from(["dev0", "dev1"]), node=st.sampled_from([NODE, NODE, OTHER_NODE]))

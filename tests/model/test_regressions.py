@@ -156,13 +156,13 @@ def test_a_check_of_an_older_sandbox_does_not_replace_the_latest_sandbox(harness
 
 
 def test_interfaces_are_followed_again_after_the_journal_refused_a_live_watch_write(harness: Harness) -> None:
-    """Another process holds the journal's write lock past SQLite's busy timeout while p0's carrier
-    goes: the live watch cannot record it (the thread crashed on that error and was restarted by
-    the supervisor). Once the lock is released the change made under it must land (ca: Ready=False),
-    a later change of an attachment watched before the fault too (cb: p1's carrier), and a netns
-    removed without a DEL afterwards is retired (p0's sandbox: ca has no entry left)."""
+    """Another process holds the journal's write lock past SQLite's busy timeout while p0's IPv4
+    address is removed: the live watch cannot record it (the thread crashed on that error and was
+    restarted by the supervisor). Once the lock is released that change must land, a later one of
+    the same attachment too (its carrier goes: ca shows Ready=False without the address), and p1's
+    netns, removed without a DEL afterwards, is retired (cb has no entry left)."""
     replay(harness, [("begin", {"first": "socket"}), ("lock_journal", {"pick": 0}),
-                     ("carrier", {"pick": 1}), ("remove_netns", {"pick": 0})])
+                     ("carrier", {"pick": 0}), ("remove_netns", {"pick": 1})])
 
 
 # ---------------------------------------------------------------- sequences the model test failed on
