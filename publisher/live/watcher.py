@@ -11,7 +11,8 @@ link and address changes in each sandbox's netns (no polling of interfaces:
 0 requests and a few syscalls per second at rest), re-reads the interface a
 moment after a change (`settle`: a burst of notifications is one read), and
 writes at most once per attachment per `hold` seconds: a flapping link costs
-one apply per hold, and the latest state always lands at the end of it.
+one claim read and one apply per hold (housekeeping's reconcile), and the latest
+state always lands at the end of it.
 
 It never keeps a netns alive: every `sync_interval` each netns path is
 checked against the inode the sockets were opened on, and a sandbox whose

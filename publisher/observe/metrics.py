@@ -203,7 +203,7 @@ class Metrics:
             *INTERFACE_CHANGES)
         self.live_debounced = Counter(
             "netclaim_interface_changes_held_total", "Interface changes held back to the end of an "
-            "attachment's write hold (a flapping link costs one apply per hold)", registry=r)
+            "attachment's write hold (a flapping link costs a claim read and an apply per hold)", registry=r)
         self.live_vanished = Counter(
             "netclaim_interface_netns_vanished_total", "Attachments retired because their sandbox's netns was "
             "removed without a DEL", registry=r)
