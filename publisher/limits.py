@@ -302,3 +302,4 @@ NODE_LEASE_LOOK = 5.0  # seconds between looks at the node's state (journal coun
 NODE_LEASE_PREFIX = "netclaim-node-"  # the Lease is <prefix><node name> (the chart: <release name>-node-)
 NODE_LEASE_ERROR_CHARS = 256  # an apply error's message is cut to this in the Lease's annotation
 KEEPER_ASK_TIMEOUT = 1.0  # seconds the publisher waits for the chain keeper's /readyz on the node's loopback
+KEEPER_SILENT_GRACE = 60.0  # seconds a configured keeper may not answer before the Lease says `unreachable` (a start, a restart)

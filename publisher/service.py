@@ -38,7 +38,7 @@ from publisher.live.watcher import LiveSettings, LiveWatch
 from publisher.journal.store import Journal, Pending, shard_key
 from publisher.kube.calls import Kube, TransientError
 from publisher.observe.metrics import Metrics
-from publisher.observe.nodelease import LeaseSettings, NodeLease, Sources, ask_keeper
+from publisher.observe.nodelease import KeeperWatch, LeaseSettings, NodeLease, Sources
 from publisher.reconcile.podcache import PodCache
 from publisher.reconcile.reconciler import Reconciler
 from publisher.observe.report import Reporter, event_fields
@@ -182,7 +182,7 @@ class Service:
             spool_times=self.intake.spooled_times, claims=self.journal.claim_count,
             attachments=self.journal.attachment_count, claim_states=self.report.claims,
             pods_unchained=lambda: self.unchained.flagged() if self.unchained.enabled else 0,
-            ready=self.ready, keeper=lambda: ask_keeper(cfg.keeper_address))
+            ready=self.ready, keeper=KeeperWatch(cfg.keeper_address, min(limits.KEEPER_SILENT_GRACE, cfg.period)))
         return NodeLease(self.kube, cfg, sources, self.metrics.node_lease_failures.inc, self.stopping)
 
     def _spawn(self, name: str, body: Callable[[], None]) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from publisher.observe.nodelease import ANNOTATION, COMPONENT, KEEPER_UNREACHABLE
+from publisher.observe.nodelease import ANNOTATION, COMPONENT, KEEPER_SILENT, KEEPER_UNREACHABLE
 
 EXIT_PROBLEM = 1
 EXIT_API = 3
@@ -120,6 +120,8 @@ def judge(row: Row) -> None:
         row.problems.append("not chained" + (f" in {conflist}" if conflist else "") + (f": {why}" if why else ""))
     elif row.chained == "unknown" and keeper_unreachable(row.state):
         row.problems.append(f"keeper unreachable: {row.state.get('chain') or 'no answer'}")
+    elif row.chained == "unknown" and row.state.get("keeper") == KEEPER_SILENT:
+        row.notes.append("chain unknown (the chain keeper has not answered yet)")
     elif row.chained == "unknown":
         row.notes.append("chain unknown (no chain keeper answer)")
     if row.contested:

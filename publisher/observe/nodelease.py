@@ -10,7 +10,8 @@ the node's parts already know:
 - chained, conflist, contested: the chain keeper's status line (publisher/chain/keeper.py
   KeeperStatus.line, the body of its /readyz), read over the node's loopback, never through a
   proxy; `unknown` when no keeper is configured (a systemd install) or it does not answer, which
-  `keeper` tells apart (`none`, `answered`, `unreachable`: `fleet` fails on the last);
+  `keeper` tells apart (`none`, `answered`, `silent` for under a minute, `unreachable` after
+  that: `fleet` fails on the last);
 - podsUnchained: pods found started while netclaim was not chained (publisher/repair/unchained.py,
   the NetclaimNotChained Warnings);
 - backlog and oldestPendingSeconds: events journaled or spooled and not yet applied (the same
@@ -66,8 +67,10 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 # ---------------------------------------------------------------- what the chain keeper says
 
 
-# Whether a keeper was asked and answered: the Lease's `keeper`.
-KEEPER_NONE, KEEPER_ANSWERED, KEEPER_UNREACHABLE = "none", "answered", "unreachable"
+# Whether a keeper was asked and answered: the Lease's `keeper`. `silent`: configured, and has not
+# answered for less than limits.KEEPER_SILENT_GRACE (the publisher's container often starts before
+# the keeper's listener, and a keeper restart takes a few seconds); `unreachable` after that.
+KEEPER_NONE, KEEPER_ANSWERED, KEEPER_SILENT, KEEPER_UNREACHABLE = "none", "answered", "silent", "unreachable"
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,31 @@ def ask_keeper(address: str, timeout: float = limits.KEEPER_ASK_TIMEOUT) -> Chai
 
 def _answered(body: bytes) -> ChainView:
     return replace(chain_view(body.decode("utf-8", "replace")), keeper=KEEPER_ANSWERED)
+
+
+class KeeperWatch:
+    """The heartbeat's question to the keeper, with the time it has gone unanswered.
+
+    One unanswered look is not a node problem: right after an install or a restart the keeper's
+    listener is not up yet, and a Lease written then would fail `fleet` until the next write.
+    Only a keeper silent for `grace` seconds in a row is `unreachable`."""
+
+    def __init__(self, address: str, grace: float = limits.KEEPER_SILENT_GRACE,
+                 clock: Callable[[], float] = node_seconds) -> None:
+        self.address = address
+        self.grace = grace
+        self.clock = clock
+        self._silent_since: float | None = None
+
+    def __call__(self) -> ChainView:
+        view = ask_keeper(self.address)
+        if view.keeper != KEEPER_UNREACHABLE:
+            self._silent_since = None
+            return view
+        now = self.clock()
+        if self._silent_since is None:
+            self._silent_since = now
+        return view if now - self._silent_since >= self.grace else replace(view, keeper=KEEPER_SILENT)
 
 
 # ---------------------------------------------------------------- the node's state

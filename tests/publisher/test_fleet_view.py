@@ -29,8 +29,8 @@ from publisher.kube.calls import NotFound, PermanentError, TransientError
 from publisher.observe import fleet as fleetmod
 from publisher.observe import nodelease as nodelease_mod
 from publisher.observe.fleet import fleet_rows, row_of, summary, table
-from publisher.observe.nodelease import (ANNOTATION, ChainView, LeaseSettings, NodeLease, NodeState, Sources,
-                                         chain_view, lease_body, micro_time, settings_from)
+from publisher.observe.nodelease import (ANNOTATION, ChainView, KeeperWatch, LeaseSettings, NodeLease, NodeState,
+                                         Sources, chain_view, lease_body, micro_time, settings_from)
 
 from publisher_testkit import REPO, wait_until
 
@@ -271,12 +271,14 @@ def test_a_keeper_that_does_not_answer_fails_fleet_and_a_node_without_one_does_n
               a_lease("systemd", 5, now, chained="unknown", keeper="none",
                       chain="no chain keeper configured (--keeper-address)"),
               a_lease("starting", 5, now, chained="unknown", keeper="answered",
-                      chain="starting: the CNI conf dir is not read yet")]
-    nodes = ["down", "older", "systemd", "starting"]
+                      chain="starting: the CNI conf dir is not read yet"),
+              a_lease("just-installed", 5, now, chained="unknown", keeper="silent", chain=unreachable)]
+    nodes = ["down", "older", "systemd", "starting", "just-installed"]
     rows = {r.node: r for r in fleet_rows(leases, nodes, now)}
     assert rows["down"].problems == [f"keeper unreachable: {unreachable}"]
     assert rows["older"].problems == rows["down"].problems
-    assert not rows["systemd"].failing and not rows["starting"].failing
+    assert not rows["systemd"].failing and not rows["starting"].failing and not rows["just-installed"].failing
+    assert rows["just-installed"].notes == ["chain unknown (the chain keeper has not answered yet)"]
     assert summary(list(rows.values()))["keeper_unreachable"] == 2
     monkeypatch.setattr(fleetmod, "client_getter", lambda _kubeconfig: None)
     monkeypatch.setattr(fleetmod, "read_fleet", lambda *_a: (leases[:1], ["down"]))
@@ -380,6 +382,31 @@ def test_the_keepers_answer_reaches_the_lease_when_the_publisher_has_an_http_pro
     assert json.loads(out)[:3] == ["yes", "10-net.conflist", "answered"], out
 
 
+def test_a_keeper_not_up_yet_is_silent_and_only_one_silent_for_the_grace_is_unreachable() -> None:
+    """The publisher's container starts before the keeper's listener: the first Leases must not fail fleet."""
+    keeper = KeeperStub()
+    address = keeper.address
+    keeper.stop()  # its port, with nothing listening on it yet
+    clock = [100.0]
+    watch = KeeperWatch(address, grace=60.0, clock=lambda: clock[0])
+    assert watch().keeper == "silent"
+    clock[0] += 59.0
+    assert watch().keeper == "silent"
+    clock[0] += 1.0
+    gone = watch()
+    assert (gone.keeper, gone.chained) == ("unreachable", "unknown"), gone
+    back = KeeperStub()
+    try:
+        answered = KeeperWatch(back.address, grace=60.0, clock=lambda: clock[0])
+        assert answered().keeper == "answered"
+        watch.address = back.address
+        assert watch().chained == "yes"
+        watch.address = address
+        assert watch().keeper == "silent", "an answer ends the silence: the grace starts again"
+    finally:
+        back.stop()
+
+
 def run_fleet(kubeconfig: str, namespace: str, selector: str) -> tuple[int, dict[str, Any]]:
     result = CliRunner().invoke(cli.cli, ["fleet", "--kubeconfig", kubeconfig, "-n", namespace, "-l", selector,
                                           "-o", "json"])
@@ -424,9 +451,10 @@ def test_a_real_publisher_keeps_its_lease_and_fleet_shows_it_until_it_stops(cont
         keeper.line = KeeperStatus("10-net.conflist", True).line()
         wait_until("the contest to end", lambda: row(node_a)["code"] == 0, timeout=30)
         keeper.stop()  # the keeper is configured and no longer answers: the chain is unknown where it matters
-        silent = wait_until("the silent keeper in the Lease", lambda: (r := row(node_a))["chained"] == "unknown" and r,
-                            timeout=30)
-        assert silent["code"] == 1 and silent["problems"][0].startswith("keeper unreachable: chain keeper unreachable")
+        # Silent for a heartbeat period (2 s here; a minute at most): unreachable, and a problem.
+        silent = wait_until("the unreachable keeper in the Lease",
+                            lambda: (r := row(node_a))["chained"] == "unknown" and r["code"] == 1 and r, timeout=30)
+        assert silent["problems"][0].startswith("keeper unreachable: chain keeper unreachable")
 
         assert pub.metric("netclaim_node_lease_write_failures_total") == 0
         assert pub.metric('netclaim_api_requests_by_purpose_total{purpose="node-lease"}') >= 2
