@@ -30,20 +30,18 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+from benchlib.plugin_runs import REPO, ROUNDS, AckServer, install_bundle, run_timed, sh, span
+
 TARGETS = {"report_only_add_x_floor": 1.0, "setup_add_x_floor": 3.0, "report_only_peak_rss_mib": 30.0}
 HEADLINE = "bundle ADD report-only (read-back, spool)"
 FLOOR = "floor python3 -I -S -c pass"
-ROUNDS = 5  # per-round medians give the ratio's range
 
 
 def add_arguments(parser) -> None:
@@ -60,29 +58,6 @@ def add_arguments(parser) -> None:
                              "(benchlib/plugin_orphan.py; written to plugin-orphaned-node.json)")
     parser.add_argument("--orphan-exe", choices=("bundle", "launcher"), default="bundle",
                         help="with --orphaned-node: the installed static plugin, or the source tree's launcher")
-
-
-def _run_timed(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[float, int, bytes, float]:
-    """(wall seconds, exit code, stdout, CPU seconds) of one child started with posix_spawn,
-    as a runtime starts a plugin (vfork+exec: the bench's own size does not slow the fork).
-    CPU = user + system time of the child: less sensitive than wall time to other load."""
-    start = time.perf_counter()
-    r, w = os.pipe()
-    o_r, o_w = os.pipe()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    actions = [(os.POSIX_SPAWN_DUP2, r, 0), (os.POSIX_SPAWN_DUP2, o_w, 1), (os.POSIX_SPAWN_DUP2, devnull, 2)]
-    pid = os.posix_spawn(argv[0], argv, env, file_actions=actions)
-    for fd in (r, o_w, devnull):
-        os.close(fd)
-    os.write(w, stdin)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(o_r, 65536):
-        chunks.append(chunk)
-    os.close(o_r)
-    _pid, status, usage = os.wait4(pid, 0)
-    return (time.perf_counter() - start, os.waitstatus_to_exitcode(status), b"".join(chunks),
-            usage.ru_utime + usage.ru_stime)
 
 
 def _run_traced(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, int, str]:
@@ -151,7 +126,7 @@ def _abab(floor: tuple, add: tuple, pairs: int, spool: Path) -> dict:
     cpus: dict[str, list[float]] = {"floor": [], "add": []}
     for i in range(pairs):
         for key, call in (("floor", floor), ("add", add)):
-            wall, code, out, cpu = _run_timed(*call)
+            wall, code, out, cpu = run_timed(*call)
             if code != 0:
                 raise RuntimeError(f"{key} failed ({code}): {out.decode()[:300]}")
             walls[key].append(wall)
@@ -166,7 +141,7 @@ def _abab(floor: tuple, add: tuple, pairs: int, spool: Path) -> dict:
     return {"pairs": pairs, "floor_ms": round(med["floor"] * 1000, 2), "add_ms": round(med["add"] * 1000, 2),
             "x_floor": round(med["add"] / med["floor"], 2),
             "x_floor_of_pairs": round(statistics.median(a / f for a, f in zip(walls["add"], walls["floor"])), 2),
-            "x_floor_range": _span(blocks), "cpu_x_floor": round(cpu["add"] / cpu["floor"], 2)}
+            "x_floor_range": span(blocks), "cpu_x_floor": round(cpu["add"] / cpu["floor"], 2)}
 
 
 def _breakdown(add: tuple, runs: int, spool: Path) -> dict[str, float]:
@@ -188,62 +163,16 @@ def _peak_rss_kib(argv: list[str], env: dict[str, str], stdin: bytes, out_file: 
     return int(Path(out_file).read_text().split()[-1])
 
 
-class _AckServer:
-    """A trivial acking publisher (speaks the wire framing, commits nothing)."""
-
-    def __init__(self, path: str) -> None:
-        sys.path.insert(0, str(REPO))
-        from cni_plugin import wire
-
-        self.wire = wire
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen(64)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    msg = self.wire.read_frame(conn)
-                    conn.sendall(self.wire.encode_frame({"ok": True, "id": msg["event"]["event_id"]}))
-                except Exception:  # noqa: BLE001 - a bench server never dies on one bad client
-                    pass
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _sh(*argv: str) -> str:
-    return subprocess.run(list(argv), check=True, capture_output=True, text=True).stdout
-
-
-def _install_bundle(tmp: Path) -> tuple[str, Path]:
-    """scripts/install.sh into a temp bin dir, as an operator installs it; returns (exe, source bundle)."""
-    conflist = tmp / "net.d" / "10-bench.conflist"
-    conflist.parent.mkdir()
-    conflist.write_text(json.dumps({"cniVersion": "1.0.0", "name": "bench", "plugins": [{"type": "bridge"}]}))
-    built = _sh("bash", str(REPO / "scripts" / "build-plugin.sh")).strip().splitlines()[-1]
-    _sh("bash", str(REPO / "scripts" / "install.sh"), "--cni-bin-dir", str(tmp / "bin"), "--conflist", str(conflist),
-        "--driver-name", "net.example.com", "--bundle", built, "--drivers-file", str(tmp / "drivers"))
-    return str(tmp / "bin" / "netclaim"), Path(built)
-
-
 def _netns(ns: str) -> tuple[str, dict]:
     """A netns with a veth eth0 (IPv4 + IPv6); returns its path and a bridge-like prevResult."""
-    _sh("ip", "netns", "add", ns)
+    sh("ip", "netns", "add", ns)
     # No dummy driver on these kernels: a veth pair with both ends in the netns.
-    _sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
-    _sh("ip", "-n", ns, "link", "set", "peer0", "up")
-    _sh("ip", "-n", ns, "addr", "add", "10.77.0.5/24", "dev", "eth0")
-    _sh("ip", "-n", ns, "addr", "add", "fd00:77::5/64", "dev", "eth0")
-    _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-    mac = json.loads(_sh("ip", "-j", "-n", ns, "link", "show", "eth0"))[0]["address"]
+    sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
+    sh("ip", "-n", ns, "link", "set", "peer0", "up")
+    sh("ip", "-n", ns, "addr", "add", "10.77.0.5/24", "dev", "eth0")
+    sh("ip", "-n", ns, "addr", "add", "fd00:77::5/64", "dev", "eth0")
+    sh("ip", "-n", ns, "link", "set", "eth0", "up")
+    mac = json.loads(sh("ip", "-j", "-n", ns, "link", "show", "eth0"))[0]["address"]
     netns = f"/run/netns/{ns}"
     # The shape Debian's bridge plugin prints: mac but no mtu, so read-back runs.
     prev = {"cniVersion": "1.0.0",
@@ -272,7 +201,7 @@ def run(args) -> dict:
     ns = f"ncbench-{secrets.token_hex(3)}"
     server = None
     try:
-        bundle, built = _install_bundle(tmp)
+        bundle, built = install_bundle(tmp)
         launcher = install(str(tmp / "launcher-netclaim"), python=args.python, root=args.root)
         netns, prev = _netns(ns)
         prev_full = json.loads(json.dumps(prev))
@@ -286,7 +215,7 @@ def run(args) -> dict:
         tuning = {"cniVersion": "1.0.0", "name": "bench", "type": "tuning", "prevResult": prev,
                   "dataDir": str(tmp / "tuning")}
         tuning_setup = dict(tuning, mtu=1400, txQLen=500)
-        server = _AckServer(nc_ack["socketPath"])
+        server = AckServer(nc_ack["socketPath"])
         env = {"CNI_CONTAINERID": "benchctr", "CNI_NETNS": netns, "CNI_IFNAME": "eth0", "CNI_PATH": args.cni_bin,
                "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p;K8S_POD_UID=u", "PATH": "/usr/bin:/bin"}
         go_tuning = os.path.join(args.cni_bin, "tuning")
@@ -315,19 +244,19 @@ def run(args) -> dict:
         rss: dict[str, list[int]] = {k: [] for k in cases}
         for _ in range(args.runs):
             for name, (call, undo) in cases.items():
-                wall, code, out, cpu = _run_timed(*call)
+                wall, code, out, cpu = run_timed(*call)
                 if code != 0:
                     raise RuntimeError(f"{name} failed ({code}): {out.decode()[:300]}")
                 walls[name].append(wall)
                 cpus[name].append(cpu)
                 if undo:
-                    _run_timed(*undo)
+                    run_timed(*undo)
             _empty(tmp / "spool")
         for _ in range(5):
             for name, (call, undo) in cases.items():
                 rss[name].append(_peak_rss_kib(*call, out_file=str(tmp / "rss")))
                 if undo:
-                    _run_timed(*undo)
+                    run_timed(*undo)
         _empty(tmp / "spool")
         headline = _abab(cases[FLOOR][0], cases[HEADLINE][0], args.pairs, tmp / "spool")
         breakdown = _breakdown(cases[HEADLINE][0], args.trace_runs, tmp / "spool")
@@ -352,10 +281,6 @@ def _round_ratios(walls: dict[str, list[float]], name: str) -> list[float]:
         block = slice(start, start + size)
         out.append(statistics.median(walls[name][block]) / statistics.median(walls[FLOOR][block]))
     return out
-
-
-def _span(ratios: list[float]) -> str:
-    return f"{min(ratios):.2f}-{max(ratios):.2f}"
 
 
 def _figures(runs: int, walls: dict[str, list[float]], cpus: dict[str, list[float]], rss: dict[str, list[int]],
@@ -391,10 +316,10 @@ def _figures(runs: int, walls: dict[str, list[float]], cpus: dict[str, list[floa
         "report_only_add_x_floor_range": headline["x_floor_range"],
         "report_only_add_cpu_x_floor": headline["cpu_x_floor"],
         "matrix_report_only_add_x_floor": rows[HEADLINE]["x_floor"],
-        "matrix_report_only_add_x_floor_range": _span(head),
+        "matrix_report_only_add_x_floor_range": span(head),
         "breakdown_ms": breakdown,
         "launcher_report_only_add_x_floor": rows["launcher ADD report-only (read-back, spool)"]["x_floor"],
-        "launcher_report_only_add_x_floor_range": _span(launcher),
+        "launcher_report_only_add_x_floor_range": span(launcher),
         "setup_add_x_floor": rows["bundle ADD mtu+txQueueLen (spool)"]["x_floor"],
         "report_only_peak_rss_mib": rows[HEADLINE]["peak_rss_mib"],
         "bundle_bytes": built.stat().st_size,

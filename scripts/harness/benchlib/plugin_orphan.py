@@ -40,9 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import plugin
+from benchlib.plugin_runs import REPO, ROUNDS, AckServer, install_bundle, run_timed, span
 
-REPO = plugin.REPO
 TARGET = 1.05  # the orphaned chain against netclaim with a live publisher: the wait is gone
 WITHOUT = "without netclaim"
 LIVE = "netclaim, live publisher"
@@ -58,7 +57,7 @@ def _exe(args, tmp: Path) -> str:
         from cni_plugin.launcher import install
 
         return install(str(tmp / "launcher-netclaim"), python=args.python, root=args.root)
-    return plugin._install_bundle(tmp)[0]
+    return install_bundle(tmp)[0]
 
 
 class _Chain:
@@ -74,7 +73,7 @@ class _Chain:
                     "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p;K8S_POD_UID=u"}
 
     def _run(self, command: str, exe: str, conf: dict) -> bytes:
-        _wall, code, out, cpu = plugin._run_timed([exe], dict(self.env, CNI_COMMAND=command), json.dumps(conf).encode())
+        _wall, code, out, cpu = run_timed([exe], dict(self.env, CNI_COMMAND=command), json.dumps(conf).encode())
         self.cpu += cpu
         if code != 0:
             raise RuntimeError(f"{self.name}: {os.path.basename(exe)} {command} failed ({code}): {out.decode()[:300]}")
@@ -136,7 +135,7 @@ def run(args) -> dict:
         (tmp / "run").mkdir(mode=0o700)  # the socket's own directory, as /run/netclaim on a node
         orphan = dict(base, socketPath=str(tmp / "run" / "publisher.sock"), spoolDir=str(tmp / "orphan-spool"),
                       stateDir=str(tmp / "orphan-state"), logFile=str(tmp / "orphan.log"))
-        server = plugin._AckServer(live["socketPath"])
+        server = AckServer(live["socketPath"])
         _fill_spool(tmp / "orphan-spool", SPOOL_MAX_FILES)
         chains = {WITHOUT: _Chain(WITHOUT, args.cni_bin, netns, bridge, None, exe),
                   LIVE: _Chain(LIVE, args.cni_bin, netns, bridge, live, exe),
@@ -178,10 +177,10 @@ def run(args) -> dict:
 def _ratio(series: dict[str, list[float]], case: str, reference: str) -> tuple[float, str]:
     """Median ratio, and its range over ROUNDS blocks of consecutive rounds."""
     n = len(series[case])
-    size = max(1, n // plugin.ROUNDS)
+    size = max(1, n // ROUNDS)
     blocks = [statistics.median(series[case][b:b + size]) / statistics.median(series[reference][b:b + size])
               for b in range(0, n - size + 1, size)]
-    return round(statistics.median(series[case]) / statistics.median(series[reference]), 3), plugin._span(blocks)
+    return round(statistics.median(series[case]) / statistics.median(series[reference]), 3), span(blocks)
 
 
 def _figures(args, series: dict[str, dict[str, list[float]]], first_add: float,
