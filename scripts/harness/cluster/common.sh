@@ -17,7 +17,7 @@ ctr_() { "$CTR" --address "$CTD/containerd.sock" -n k8s.io "$@"; }
 # namespace $NODE_NS when a node of a multi-node cluster sets it; nsenter execs, so the pid stays).
 start() {
     local name="$1"; shift
-    setsid ${NODE_NS:+nsenter "--mount=$NODE_NS" --} "$@" </dev/null >>"$DIR/$name.log" 2>&1 9>&- &
+    setsid ${NODE_NS:+nsenter "--mount=$NODE_NS" --} "$@" </dev/null >>"$DIR/$name.log" 2>&1 8>&- 9>&- &
     echo $! >"$DIR/$name.pid"
 }
 

@@ -70,10 +70,28 @@ share_netns_dir() { # /var/run/netns a shared mount, as `ip netns add` leaves it
     mount --make-shared /var/run/netns
 }
 
+# The kernel tunables belong to the host, not to one cluster: clusters of parallel test lanes
+# share them. A kubelet start writes its values and logs each write; the start waits for exactly
+# those writes and puts the host's values back. Another cluster's kubelet starting in between
+# would leave the values already written (this kubelet writes fewer, the wait never ends) or be
+# saved as the host's own. So one kubelet start, and no save, at a time on the host. The lock is
+# fd 8, which `start` (common.sh) closes in what it launches: a kubelet must not keep it held.
+TUNABLES_LOCK=/run/lock/netclaim-kubelet-tunables.lock
+
+lock_tunables() {
+    mkdir -p "${TUNABLES_LOCK%/*}"
+    exec 8>>"$TUNABLES_LOCK"
+    flock 8
+}
+
+unlock_tunables() { exec 8>&-; }
+
 save_sysctls() { # once per cluster: the host's values before any kubelet start
     [[ -f "$DIR/sysctl.saved" ]] && return 0
     local s
+    lock_tunables
     for s in "${SYSCTLS[@]}"; do printf '%s %s\n' "${s%%:*}" "$(sysctl -n "${s%%:*}")"; done >"$DIR/sysctl.saved"
+    unlock_tunables
 }
 
 restore_sysctls() {

@@ -247,16 +247,18 @@ kernel_flags_written() { # kernel_flags_written OFFSET N: N "Updating kernel fla
 
 start_kubelet() {
     local offset n
+    # The kubelet rewrites kernel tunables once, when its container manager starts (before the
+    # node is Ready): wait for exactly those writes, then put the host's values back.
+    lock_tunables
     offset="$(stat -c %s "$DIR/kubelet.log" 2>/dev/null || echo 0)"
+    n="$(changed_sysctls)"
     log "starting kubelet (node $NODE, root dir $KROOT, cgroup root /$CGROOT)"
     start kubelet "$KUBELET" --config "$DIR/kubelet.yaml" --kubeconfig "$CP_DIR/$NODE.kubeconfig" \
         --hostname-override "$NODE" --node-ip "$NODE_IP" --root-dir "$KROOT" --cert-dir "$KROOT/pki" -v=2
-    WATCH=kubelet wait_for 60 "node $NODE Ready" node_ready
-    # The kubelet rewrites kernel tunables once, when its container manager starts: wait for
-    # exactly those writes, then put the host's values back.
-    n="$(changed_sysctls)"
     if ((n > 0)); then
         WATCH=kubelet wait_for 60 "the kubelet's kernel tunables" kernel_flags_written "$offset" "$n"
     fi
     restore_sysctls
+    unlock_tunables
+    WATCH=kubelet wait_for 60 "node $NODE Ready" node_ready
 }

@@ -130,9 +130,7 @@ node_up() { # node_up I: containerd, the kubelet and the DRA driver of one node 
 
 node_start_kubelet() { # start_kubelet of node.sh, with the kernel tunables' write-and-restore one node at a time
     local offset n
-    # Kubelets starting together would see each other's tunables and write none: serialize that part.
-    exec 9>"$TOP/.sysctl.lock"
-    flock 9
+    lock_tunables  # host.sh: one kubelet start at a time on the host, whatever cluster it belongs to
     offset="$(stat -c %s "$DIR/kubelet.log" 2>/dev/null || echo 0)"
     n="$(changed_sysctls)"
     log "starting kubelet (node $NODE, IP $NODE_IP, root dir $KROOT, cgroup root /$CGROOT)"
@@ -142,7 +140,7 @@ node_start_kubelet() { # start_kubelet of node.sh, with the kernel tunables' wri
         WATCH=kubelet wait_for 60 "the kubelet's kernel tunables" kernel_flags_written "$offset" "$n"
     fi
     restore_sysctls
-    exec 9>&-
+    unlock_tunables
     WATCH=kubelet wait_for 90 "node $NODE Ready" node_ready
 }
 
