@@ -20,6 +20,12 @@
 # (beside it modules.txt, the frozen modules, and build-info.txt, the static libraries' versions),
 # where <key> hashes cni_plugin/*.py, scripts/build/bundle/*, this script and the
 # libpython version, so changing the plugin's sources rebuilds it.
+# The key says what an entry was built from, not what it holds now: when a build succeeds, the
+# entry's SHA256SUMS records the SHA-256 of netclaim, modules.txt and build-info.txt (before the
+# executable is put in place), and a reuse (and --out's copy) checks them first. A file that
+# differs from its record (the cache is the user's to write: another job, a restored CI cache) is
+# refused, naming it: remove the entry dir to rebuild. An entry with no record (an older
+# build-plugin.sh, whose key differs anyway, or one planted without one) is built again, once.
 #
 # arm64 (aarch64) is cross-built on an x86_64 Debian 12 host: the same frozen
 # bytecode (architecture independent, made by the host's python3.11), the C
@@ -255,6 +261,54 @@ build_info() {
     fi
 }
 
+# What an entry holds and the record of it, written when its build succeeded: the executable and
+# the two files the release's SBOM reads back (scripts/release.sh checks its copies against it too).
+ENTRY_FILES=(netclaim modules.txt build-info.txt)
+RECORD=SHA256SUMS
+
+sha256_of() { sha256sum <"$1" 2>/dev/null | cut -d' ' -f1; }
+
+# The digest the entry's record lists for one of its files (empty if none).
+recorded_digest() { awk -v name="$2" '$2 == name { print $1 }' "$1/$RECORD" 2>/dev/null; }
+
+# Whether the entry DIR can be reused as built: true when every file matches its record; false
+# when there is no executable or no record (built again: a record is only ever written with a
+# build); a file that differs from its record stops the build, since only a change after the
+# build explains it, and a silent rebuild would hide that the cache was written by someone else.
+entry_verified() {
+    local dir="$1" file
+    [[ -x "$dir/netclaim" ]] || return 1
+    if [[ ! -f "$dir/$RECORD" ]]; then
+        log "$dir has no digest record ($RECORD; an entry of an older build-plugin.sh): building it again"
+        return 1
+    fi
+    for file in "${ENTRY_FILES[@]}"; do
+        local want
+        want="$(recorded_digest "$dir" "$file")"
+        [[ -n "$want" ]] || die "$dir/$RECORD records no digest for $file; remove $dir to rebuild"
+        [[ "$(sha256_of "$dir/$file")" == "$want" ]] \
+            || die "cached plugin $dir/$file does not match the digest recorded when it was built ($dir/$RECORD); remove $dir to rebuild"
+    done
+}
+
+# A finished build into the entry DIR: its record first (of the bytes built), the executable last,
+# by rename, so an executable in the cache always has a record beside it.
+store_entry() {
+    local work="$1" dir="$2" file
+    mkdir -p "$dir"
+    rm -f "$dir/netclaim"
+    install -m 0755 "$work/netclaim" "$dir/netclaim.tmp"
+    cp "$work/modules.txt" "$dir/modules.txt"
+    build_info >"$dir/build-info.txt"
+    for file in "${ENTRY_FILES[@]}"; do
+        local src="$dir/$file"
+        [[ "$file" != netclaim ]] || src="$dir/netclaim.tmp"
+        printf '%s  %s\n' "$(sha256_of "$src")" "$file"
+    done >"$dir/$RECORD.tmp"
+    mv -f "$dir/$RECORD.tmp" "$dir/$RECORD"
+    mv -f "$dir/netclaim.tmp" "$dir/netclaim"
+}
+
 # Keep the newest few builds: every edit of the plugin's sources makes a new one.
 prune() {
     local keep="$1" old
@@ -275,17 +329,13 @@ main() {
     [[ -f "$LIBPY" ]] || die "$LIBPY missing (libpython3.11-dev)"
     key="$(cache_key)"
     dest="$PLUGIN_CACHE/$key/netclaim"
-    if [[ ! -x "$dest" ]]; then
+    if ! entry_verified "$(dirname "$dest")"; then
         local cpython work
         cpython="$(cpython_sources "$(libpython_version)")"
         work="$(mktemp -d "$PLUGIN_CACHE/.build.XXXXXX")"
         log "building the static plugin for $ARCH ($key)"
         build "$work" "$cpython"
-        mkdir -p "$(dirname "$dest")"
-        install -m 0755 "$work/netclaim" "$dest.tmp"
-        cp "$work/modules.txt" "$(dirname "$dest")/modules.txt"
-        build_info >"$(dirname "$dest")/build-info.txt"
-        mv -f "$dest.tmp" "$dest"
+        store_entry "$work" "$(dirname "$dest")"
         rm -rf "$work"
         prune "$key"
     fi
@@ -296,6 +346,9 @@ main() {
         tmp="$(mktemp "$(dirname "$OUT")/.netclaim.XXXXXX")"
         cp "$dest" "$tmp"
         chmod 0755 "$tmp"
+        # The copy, not only the entry: nothing changed between the check and the copy.
+        [[ "$(sha256_of "$tmp")" == "$(recorded_digest "$(dirname "$dest")" netclaim)" ]] \
+            || { rm -f "$tmp"; die "cached plugin $dest does not match the digest recorded when it was built ($(dirname "$dest")/$RECORD); remove $(dirname "$dest") to rebuild"; }
         mv -f "$tmp" "$OUT"
     fi
     printf '%s\n' "$dest"
