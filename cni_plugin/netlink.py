@@ -127,9 +127,13 @@ class RtNetlink:
     MAX_BUFFER = 1 << 22
     DUMP_RETRIES = 5
 
-    def __init__(self) -> None:
-        self.sock = _socket.socket(AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, NETLINK_ROUTE)
-        self.sock.bind((0, 0))
+    def __init__(self, sock: "_socket.socket | None" = None) -> None:
+        """A new socket in the current netns, or `sock`: a bound NETLINK_ROUTE socket made in
+        another netns (the publisher's live watch is handed them), whose netns it then reads."""
+        if sock is None:
+            sock = _socket.socket(AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+            sock.bind((0, 0))
+        self.sock = sock
         self.seq = 0
         self._buf = bytearray(self.BUFFER)
 

@@ -36,6 +36,7 @@ from publisher.observe.fleet import fleet
 PROG = "netclaim-publisher"
 
 DEFAULT_STATE_DIR = "/var/lib/netclaim/publisher"
+DEFAULT_NETNS_DIRS = ("/var/run/netns",)  # publisher/nsopen/netnsfile.py; containerd's and CRI-O's default
 DEFAULT_METRICS = "127.0.0.1:9464"
 
 socket_option = click.option(
@@ -211,6 +212,15 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               help="Follow each attachment's interface in its pod's netns after ADD: Ready and networkData show "
                    "link down, lost carrier, addresses added or removed (needs CAP_SYS_ADMIN and the netns "
                    "directory; without them the watch is off and says so in /readyz).")
+@click.option("--netns-dir", "netns_dirs", envvar="NETCLAIM_NETNS_DIRS", show_envvar=True, multiple=True,
+              default=DEFAULT_NETNS_DIRS, show_default=True,
+              help="The runtime's directory of pod netns (repeatable; the variable: space-separated). The live "
+                   "watch opens only a netns named directly in one of them, never a symlink, a FIFO or a "
+                   "/proc/<pid>/ns/net path: such an attachment keeps what the ADD said.")
+@click.option("--netns-opener", envvar="NETCLAIM_NETNS_OPENER", show_envvar=True, default="",
+              help="Socket of a `netclaim-publisher netns-opener` that opens each netns for the live watch: "
+                   "this process then needs no capability (the chart's layout). Empty: it enters them itself "
+                   "(needs CAP_SYS_ADMIN).")
 @nodelease.options
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
         metrics_address: str, probe_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
@@ -218,7 +228,8 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
         drivers_file: str, unchained_grace: float, durable_commits: str, live_watch: bool,
-        device_id_attributes: tuple[str, ...], **node_lease: Any) -> None:
+        netns_dirs: tuple[str, ...], netns_opener: str, device_id_attributes: tuple[str, ...],
+        **node_lease: Any) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
     import sqlite3
 
@@ -238,6 +249,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     from publisher.kube.calls import Credentials, Kube
     from publisher.observe.metrics import HealthServer, Metrics
     from publisher.intake.server import SocketServer
+    from publisher.nsopen.access import NetnsAccess
     from publisher.service import Service, Settings
 
     limit_malloc_arenas()
@@ -257,7 +269,9 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                         claim_window=claim_window, max_claim_windows=max_claim_windows,
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
                         driver_names=driver_names, drivers_file=drivers_file, unchained_grace=unchained_grace,
-                        durable_commits=durable, live_watch=live_watch, device_id_attributes=id_attributes,
+                        durable_commits=durable, live_watch=live_watch,
+                        netns=NetnsAccess(dirs=tuple(netns_dirs), opener=netns_opener),
+                        device_id_attributes=id_attributes,
                         node_lease=nodelease.settings_from(node_lease, node_name, kubeconfig))
     done = threading.Event()
 
@@ -345,6 +359,46 @@ def plugin_int_help(key: str, default: int) -> str:
     """An integer setting's help, from the plugin's own table (its range) and default."""
     lo, hi = INT_SETTINGS[key]
     return f"The entry's {key}, an integer {lo}-{hi} (empty: the plugin's default, {default})."
+
+
+@cli.command("netns-opener")
+@click.option("--socket", "socket_path", envvar="NETCLAIM_NETNS_OPENER", show_envvar=True, required=True,
+              help="Unix socket to serve (SOCK_SEQPACKET, created 0600; the publisher's --netns-opener).")
+@click.option("--netns-dir", "netns_dirs", envvar="NETCLAIM_NETNS_DIRS", show_envvar=True, multiple=True,
+              default=DEFAULT_NETNS_DIRS, show_default=True,
+              help="The runtime's directory of pod netns (repeatable; the variable: space-separated): only a "
+                   "netns named directly in one of them is opened.")
+@click.option("--allowed-uid", envvar="NETCLAIM_ALLOWED_UIDS", show_envvar=True, type=int, multiple=True,
+              help="Also serve peers with this uid (repeatable; root is always served), as SO_PEERCRED shows it.")
+@click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
+              type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON (one event a line) or text.")
+@click.option("--log-level", envvar="NETCLAIM_LOG_LEVEL", show_envvar=True, default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]), help="Least severe level logged.")
+def netns_opener(socket_path: str, netns_dirs: tuple[str, ...], allowed_uid: tuple[int, ...], log_format: str,
+                 log_level: str) -> None:
+    """Open pods' netns for the live watch: the one process that needs CAP_SYS_ADMIN.
+
+    No TCP listener, no API token, no journal: it answers the publisher's requests on a unix socket
+    with two netlink sockets made in the requested netns (docs/publisher.md, "Live interfaces")."""
+    from publisher import logs
+    from publisher.nsopen.opener import Opener, OpenerSettings
+
+    log = logs.setup(log_format, log_level)
+    opener = Opener(OpenerSettings(socket_path, tuple(netns_dirs), tuple(allowed_uid)), log)
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    try:
+        opener.listen()
+    except OSError as exc:
+        raise config_error("cannot listen", exc) from None
+    log.info("netns opener serving", extra={"component": "netns-opener", "socket": socket_path,
+                                            "netns_dirs": list(netns_dirs), "allowed_uids": list(allowed_uid)})
+    try:
+        opener.serve(stopping)
+    finally:
+        opener.close()
+    log.info("netns opener stopped", extra={"component": "netns-opener"})
 
 
 @cli.command("chain-keeper")

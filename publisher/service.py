@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cni_plugin.wire import Event
@@ -35,6 +35,7 @@ from publisher.observe.events import EventRecorder
 from publisher.observe.health import Health
 from publisher.intake.spool import Intake
 from publisher.live.watcher import LiveSettings, LiveWatch
+from publisher.nsopen.access import NetnsAccess
 from publisher.journal.store import Journal, Pending, shard_key
 from publisher.kube.calls import Kube, TransientError
 from publisher.observe.metrics import Metrics
@@ -72,6 +73,7 @@ class Settings:
     unchained_grace: float = 30.0
     durable_commits: bool = False  # fsync every journal commit (publisher/journal/durability.py decides)
     live_watch: bool = True  # follow each attachment's interface in its netns (publisher/live/)
+    netns: NetnsAccess = field(default_factory=NetnsAccess)  # the netns dirs it may open, and the opener if any
     # Slice attributes an event's device ID is matched against (publisher/reconcile/slices.py).
     device_id_attributes: tuple[str, ...] = DEFAULT_DEVICE_ID_ATTRIBUTES
     # The node's heartbeat Lease for `netclaim-publisher fleet` (publisher/observe/nodelease.py); None: off.
@@ -120,7 +122,7 @@ class Service:
             settings.retry_cap, lambda: self.intake.last_ingest, self.health, self.windows)
         self.pods.observers.append(self.housekeeping.pod_seen)
         self.live_watch = LiveWatch(self.journal, metrics, self.housekeeping.wake.set, self.stopping,
-                              LiveSettings(enabled=settings.live_watch))
+                              LiveSettings(enabled=settings.live_watch, netns=settings.netns))
         self.rules = Rules(self.journal, self.resolver, self.reconciler, self.report,
                            RuleSettings(settings.resolve_timeout, settings.retry_cap, settings.sibling_hold), self.housekeeping.claim_retry,
                            held=self.housekeeping.held)

@@ -16,14 +16,16 @@ more than the watch may cost in all.
 from __future__ import annotations
 
 import errno
-import os
 import socket
 
 from cni_plugin.netlink import IFF_UP, RtNetlink, format_cidr
-from cni_plugin.netns import CLONE_NEWNET, setns
 
 from publisher import limits
 from publisher.live.status import Observed
+from publisher.nsopen.access import NetnsAccess, path_identity
+from publisher.nsopen.netnsfile import NotANetns, NotWatchable
+
+__all__ = ["NotANetns", "NotWatchable", "Sandbox", "identity"]
 
 AF_NETLINK = 16
 RTMGRP_LINK = 0x1
@@ -33,57 +35,36 @@ IFF_LOWER_UP = 0x10000
 RCVBUF = 1 << 18
 
 
-class NotANetns(OSError):
-    """The path exists but is no network namespace (setns refused it)."""
-
-
 def identity(path: str) -> tuple[int, int] | None:
-    """(st_dev, st_ino) the path shows now, None when it is gone."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
+    """(st_dev, st_ino) the path shows now (never through a symlink), None when it is gone."""
+    return path_identity(path)
 
 
 class Sandbox:
     """The sockets of one netns; created and used by the watcher's thread only."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, access: NetnsAccess | None = None) -> None:
         self.path = path
+        self.access = access or NetnsAccess()
         self.ident: tuple[int, int] | None = None
         self.events: socket.socket | None = None
         self.reader: RtNetlink | None = None
         self._open()
 
     def _open(self) -> None:
-        """Enter the netns in this thread only (/proc/thread-self), open, come back."""
-        target = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        origin = -1
+        """Two rtnetlink sockets made in the netns (by the opener, or by entering it here:
+        publisher/nsopen), bound here: joining the link and address groups needs no capability,
+        and the groups are those of the netns the socket was made in."""
+        opened = self.access.open(self.path)
         try:
-            st = os.fstat(target)
-            self.ident = (st.st_dev, st.st_ino)
-            origin = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                setns(target, CLONE_NEWNET)
-            except OSError as exc:
-                if exc.errno == errno.EINVAL:
-                    raise NotANetns(exc.errno, f"{self.path} is not a network namespace") from None
-                raise
-            try:
-                self.events = socket.socket(AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC, 0)
-                self.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
-                self.events.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
-                self.reader = RtNetlink()
-            finally:
-                setns(origin, CLONE_NEWNET)
+            opened.events.setblocking(False)
+            opened.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+            opened.events.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+            opened.reader.bind((0, 0))
         except BaseException:
-            self.close()
+            opened.close()
             raise
-        finally:
-            os.close(target)
-            if origin >= 0:
-                os.close(origin)
+        self.events, self.reader, self.ident = opened.events, RtNetlink(opened.reader), opened.ident
 
     def fileno(self) -> int:
         assert self.events is not None

@@ -22,8 +22,9 @@ when the watch first opens it (the sandbox died while the publisher was
 down and its DEL was lost) is retired the same way, provided its directory
 is visible (a netns directory not mounted into the publisher's container
 proves nothing). A path that cannot be opened otherwise (not visible to the
-publisher, not a netns) leaves that attachment as the ADD said, and is
-tried again later. Without the right to enter namespaces (CAP_SYS_ADMIN)
+publisher, not a netns, not a name in a configured netns directory: a
+`/proc/<pid>/ns/net` path, publisher/nsopen/netnsfile.py) leaves that attachment as
+the ADD said, and is tried again later. Without the right to enter namespaces (CAP_SYS_ADMIN)
 the watch is off and says why: the publisher works as it did before.
 
 Nothing the thread knows outlives one run of it: the supervisor
@@ -45,7 +46,7 @@ import selectors
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cni_plugin.netns import CLONE_NEWNET, setns
@@ -55,6 +56,7 @@ from publisher.journal.livestate import Watched, entry_and_live, record_live, re
 from publisher.journal.store import Journal
 from publisher.live.sandbox import NotANetns, Sandbox
 from publisher.live.status import OK, next_live
+from publisher.nsopen.access import NetnsAccess
 from publisher.reconcile.mapper import now_rfc3339
 from publisher.reconcile.writer import backoff_delay
 
@@ -73,6 +75,7 @@ class LiveSettings:
     retry_unopenable: float = 30.0  # seconds before a netns path that could not be opened is tried again
     retry_journal: float = 0.5  # seconds before a failed journal step is tried again, doubling per failure ...
     retry_journal_cap: float = 10.0  # ... up to this
+    netns: NetnsAccess = field(default_factory=NetnsAccess)  # which paths may be opened, and by whom
 
 
 @dataclass
@@ -96,7 +99,8 @@ def change_reason(stored: dict[str, Any], new: dict[str, Any]) -> str:
     return "Changed"
 
 
-NO_RIGHT = "setns refused (EPERM): the publisher needs CAP_SYS_ADMIN to enter pods' network namespaces"
+NO_RIGHT = ("setns refused (EPERM): the publisher needs CAP_SYS_ADMIN to enter pods' network namespaces, "
+            "or a netns opener that has it (--netns-opener)")
 TURNED_OFF = "turned off (--no-live-watch)"
 
 
@@ -180,8 +184,8 @@ class LiveWatch:
         is made again every retry_unopenable seconds, so a passing fault cannot leave the watch off."""
         said = ""
         while not self.stopping.is_set():
-            if self.disabled != TURNED_OFF:
-                self.disabled = can_enter_namespaces()
+            if self.disabled != TURNED_OFF:  # with an opener, this process needs no right of its own
+                self.disabled = self.settings.netns.ready() if self.settings.netns.opener else can_enter_namespaces()
             if not self.disabled:
                 if said:
                     self.log.info("live interface watch is on", extra={"component": "live-watch"})
@@ -323,7 +327,7 @@ class LiveWatch:
             if self.unopenable.get(path, 0.0) > now:
                 return
             try:
-                space = Sandbox(path)
+                space = Sandbox(path, self.settings.netns)
             except (NotANetns, OSError) as exc:
                 if gone(path, exc) and os.path.dirname(path) in self.netns_dirs:
                     self._retire([row], at_open=True)
