@@ -5,6 +5,11 @@
 
 # The publisher learns its drivers the systemd unit's way: from the drivers file install.sh writes
 # (the unit's /etc/netclaim/drivers; here the cluster's own), read again whenever it changes.
+# Where this node's runtime mounts pod netns: the publisher's live watch opens a netns only there (--netns-dir).
+pod_netns_dir() {
+    if [[ "${RUNTIME:-containerd}" == crio ]]; then echo "$CRIO_DIR/ns/netns"; else echo "$CTD/state/io.containerd.grpc.v1.cri/netns"; fi
+}
+
 start_publisher() {
     local port
     port="$(free_port)"
@@ -14,7 +19,7 @@ start_publisher() {
         "$ROOT/.venv/bin/netclaim-publisher" run --node-name "$NODE" \
         --kubeconfig "$NC/publisher.kubeconfig" --socket "$NC/publisher.sock" \
         --state-dir "$NC/state" --spool-dir "$NC/spool" --drivers-file "$NC/drivers" \
-        --metrics-address "127.0.0.1:$port"
+        --metrics-address "127.0.0.1:$port" --netns-dir "$(pod_netns_dir)"
     "$PY" "$HERE/harness/runtime/clusterctl.py" publisher-ready --socket "$NC/publisher.sock" --timeout 30 \
         || { tail -20 "$DIR/publisher.log" >&2; die "publisher not answering"; }
 }
