@@ -296,6 +296,15 @@ NETWORK_FILE_MAX = 1 << 20
 # at once (a primary CNI restarted everywhere) is not one burst of 5,000 writes.
 NODE_LEASE_PERIOD = 600.0  # seconds between renewals when nothing changes: 5,000 nodes cost 8.3 writes/s
 NODE_LEASE_PERIODS = 3  # leaseDurationSeconds = this many periods: one lost renewal is not "down"
+NODE_LEASE_PERIOD_MAX = 3600.0  # the longest --node-lease-period (and the chart's nodeLease.period) a publisher takes
+# The longest leaseDurationSeconds a publisher ever writes: the chart's admission policy refuses a longer one,
+# and `fleet` judges a Lease stale after min(its own duration, this), whatever the Lease says (a node that
+# writes ten years would otherwise stay fresh for ten years after its publisher stopped).
+NODE_LEASE_DURATION_MAX = int(NODE_LEASE_PERIOD_MAX * NODE_LEASE_PERIODS)
+# Seconds a Lease's renewTime may lie ahead of the clock of the one reading it (clocks a little apart) before
+# `fleet` calls it a problem: a publisher writes its own clock's now, so a renewal far ahead is a clock gone
+# wrong or a forged Lease that would otherwise look fresh until then.
+NODE_LEASE_CLOCK_SKEW = 120.0
 NODE_LEASE_MIN_GAP = 15.0  # seconds between two writes of one node's lease, at least
 NODE_LEASE_SPREAD = 10.0  # a change is written after a random wait in [0, this] seconds
 NODE_LEASE_LOOK = 5.0  # seconds between looks at the node's state (journal counts, the keeper's /readyz)
@@ -303,3 +312,5 @@ NODE_LEASE_PREFIX = "netclaim-node-"  # the Lease is <prefix><node name> (the ch
 NODE_LEASE_ERROR_CHARS = 256  # an apply error's message is cut to this in the Lease's annotation
 KEEPER_ASK_TIMEOUT = 1.0  # seconds the publisher waits for the chain keeper's /readyz on the node's loopback
 KEEPER_SILENT_GRACE = 60.0  # seconds a configured keeper may not answer before the Lease says `unreachable` (a start, a restart)
+FLEET_CELL_CHARS = 64  # a cell of `fleet`'s table (a node, a version, a conflist) is cut to this many characters
+FLEET_PROBLEMS_CHARS = 400  # ... and its PROBLEMS cell (every problem and note of the row) to this many

@@ -215,13 +215,19 @@ def read_state(src: Sources) -> NodeState:
     last = None
     if errors:
         key = max(errors, key=lambda k: errors[k].get("updated") or 0)
-        last = {"claim": key, "error": str(errors[key].get("error", ""))[:limits.NODE_LEASE_ERROR_CHARS],
+        last = {"claim": key, "error": one_line(str(errors[key].get("error", ""))),
                 "time": errors[key].get("updated")}
     ready, why = src.ready()
     return NodeState(chain=src.keeper(), pods_unchained=src.pods_unchained(),
                      backlog=src.journal_depth() + len(spooled), oldest_pending_seconds=max(ages, default=0.0),
                      claims=src.claims(), attachments=src.attachments(), apply_errors=len(errors),
-                     last_apply_error=last, ready=ready, not_ready_reason="" if ready else why)
+                     last_apply_error=last, ready=ready, not_ready_reason="" if ready else one_line(why))
+
+
+def one_line(text: str) -> str:
+    """An API message or reason as one line, cut: `fleet` flags a Lease whose text holds control characters
+    (a line break included) as forged, so the publisher never writes one."""
+    return " ".join(text.split())[:limits.NODE_LEASE_ERROR_CHARS]
 
 
 # ---------------------------------------------------------------- the Lease
@@ -402,7 +408,8 @@ def options(command: Callable[..., Any]) -> Callable[..., Any]:
                      default="", help="Namespace of the Lease (the release's). Default: the pod's own, in a pod; "
                                       "none (a kubeconfig and no namespace): no Lease."),
         click.option("--node-lease-period", envvar="NETCLAIM_NODE_LEASE_PERIOD", show_envvar=True,
-                     default=limits.NODE_LEASE_PERIOD, show_default=True, type=click.FloatRange(1, 3600),
+                     default=limits.NODE_LEASE_PERIOD, show_default=True,
+                     type=click.FloatRange(1, limits.NODE_LEASE_PERIOD_MAX),
                      help="Seconds between renewals (a change of state is written sooner); the Lease's "
                           f"duration is {limits.NODE_LEASE_PERIODS} periods."),
         click.option("--node-lease-prefix", envvar="NETCLAIM_NODE_LEASE_PREFIX", show_envvar=True,

@@ -4,13 +4,17 @@ Unit half: the keeper's status line as the Lease reads it, when a Lease is writt
 a change sooner but spread), how it is written (create, then replace with the resourceVersion;
 a conflict re-reads), and what `fleet` makes of Leases and Nodes (rows, table, JSON, exit codes).
 Real half: a publisher against the real API server writes its Lease, `fleet` shows the node, a
-node without a publisher and a contested conflist fail it, and a stopped publisher turns stale.
+node without a publisher and a contested conflist fail it, and a stopped publisher turns stale;
+`fleet` run as an operator runs it (its own process, a terminal) on Leases a compromised node or
+another writer made: their text reaches the terminal escaped, their word on freshness and on whose
+they are is judged by fleet's own rules.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -23,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 from kubernetes import client
 
-from publisher import cli
+from publisher import cli, limits
 from publisher.chain.keeper import KeeperStatus
 from publisher.kube.calls import NotFound, PermanentError, TransientError
 from publisher.observe import fleet as fleetmod
@@ -32,7 +36,7 @@ from publisher.observe.fleet import fleet_rows, row_of, summary, table
 from publisher.observe.nodelease import (ANNOTATION, ChainView, KeeperWatch, LeaseSettings, NodeLease, NodeState,
                                          Sources, chain_view, lease_body, micro_time, settings_from)
 
-from publisher_testkit import REPO, wait_until
+from publisher_testkit import BIN, REPO, wait_until
 
 # ---------------------------------------------------------------- the keeper's line
 
@@ -257,7 +261,8 @@ def test_each_node_is_a_row_and_only_the_problems_fail() -> None:
     assert not rows["gone"].failing and rows["gone"].notes[-1].startswith("node gone")
     # A contested conflist has netclaim out of the chain: that node counts under both.
     assert summary(list(rows.values())) == {"nodes": 8, "ok": 4, "not_chained": 2, "contested": 1,
-                                            "keeper_unreachable": 0, "stale": 1, "no_publisher": 1}
+                                            "keeper_unreachable": 0, "stale": 1, "renewed_in_the_future": 0,
+                                            "control_characters": 0, "foreign": 0, "no_publisher": 1}
     # The problems come first in the table.
     ordered = [r.node for r in fleet_rows(leases, nodes, now)]
     assert set(ordered[:4]) == failing
@@ -290,6 +295,87 @@ def test_a_lease_without_renewal_or_state_is_stale_and_unknown() -> None:
     row = row_of({"metadata": {"name": "netclaim-node-x"}, "spec": {"holderIdentity": "x"}}, time.time())
     assert row.stale and row.chained == "unknown" and row.heartbeat_age_seconds is None
     assert row.problems == ["stale: last heartbeat never (publisher down or cut off from the API)"]
+
+
+def test_a_lease_speaks_only_for_the_node_its_name_and_holder_agree_on() -> None:
+    """The node is the Lease's name less the prefix (the name the admission policy gives a node's
+    publisher alone) and the holder must say the same; any other labelled Lease is foreign."""
+    now = 1_800_000_000.0
+    impostor = a_lease("node-b", -365 * 86400, now) | {"metadata": {"name": "zz"}}  # holder node-b, a year ahead
+    taken = a_lease("node-a", 5, now)
+    taken["metadata"] = {"name": "netclaim-node-node-b"}  # node-b's name, held by node-a
+    other_release = a_lease("node-c", 5, now, chained="no")
+    other_release["metadata"]["name"] = "edge-netclaim-node-node-c"
+    rows = fleet_rows([a_lease("node-a", 5, now), impostor, taken, other_release], ["node-a", "node-b"], now)
+    by_lease = {r.lease: r for r in rows}
+    assert {r.node for r in rows} == {"node-a", "node-b", ""}
+    assert by_lease["zz"].foreign and by_lease["zz"].problems == [(
+        "foreign: Lease zz is held by 'node-b', not named netclaim-node-<node>; it speaks for no node (not "
+        "written by a publisher: delete it)")]
+    assert by_lease["netclaim-node-node-b"].foreign and "held by 'node-a', not 'node-b'" in by_lease[
+        "netclaim-node-node-b"].problems[0]
+    node_b = next(r for r in rows if r.node == "node-b")
+    assert node_b.problems == ["no publisher: the node has no heartbeat Lease"]
+    assert "edge-netclaim-node-node-c" not in by_lease  # another release's: its own --lease-prefix shows it
+    assert (summary(rows)["nodes"], summary(rows)["ok"], summary(rows)["foreign"]) == (2, 1, 2)
+    # Control: the same Leases read with that release's prefix show its node and none of ours.
+    theirs = fleet_rows([other_release], None, now, prefix="edge-netclaim-node-")
+    assert [(r.node, r.chained) for r in theirs] == [("node-c", "no")]
+
+
+def test_staleness_and_the_future_are_judged_by_fleets_bounds_not_the_leases() -> None:
+    now = 1_800_000_000.0
+    ten_years = a_lease("forever", 30 * 86400, now)
+    ten_years["spec"]["leaseDurationSeconds"] = 315_360_000
+    ahead = a_lease("ahead", -365 * 86400, now)
+    skewed = a_lease("skewed", -limits.NODE_LEASE_CLOCK_SKEW / 2, now)
+    hour = a_lease("hour", 3600, now)
+    hour["spec"]["leaseDurationSeconds"] = 3 * 3600  # a publisher with the longest period: still fresh
+    rows = {r.node: r for r in fleet_rows([ten_years, ahead, skewed, hour, a_lease("fresh", 5, now)], None, now)}
+    assert rows["forever"].stale and rows["forever"].problems[0].startswith("stale: last heartbeat 30d ago")
+    assert "lease duration 3650d is over the 3h any publisher writes: judged by 3h" in rows["forever"].notes
+    assert rows["ahead"].problems == [("renewed in the future: renewTime is 365d ahead of this clock (a clock "
+                                       "gone wrong, or a forged Lease)")]
+    assert not rows["skewed"].failing and not rows["hour"].failing and not rows["fresh"].failing
+
+
+def test_every_cell_is_escaped_and_cut_and_a_lease_with_control_characters_is_a_problem() -> None:
+    now = time.time()
+    hostile = "0.2.0\x1b[2J\x1b]52;c;ZXZpbA==\x07\x9b\x7f\u202e\\x41"
+    leases = [a_lease("node-a", 5, now, version=hostile, chained="no", contested=["c" * 100],
+                      chain="not chained conflist=x problem=\x1b[1Aok", ready=False, notReadyReason="\r" + "x" * 500),
+              a_lease("node-b", 5, now, version="9.9.9")]
+    rows = fleet_rows(leases, None, now)
+    text = table(rows)
+    assert not [c for c in text if c != "\n" and (ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 or c == "\u202e")], text
+    node_a = next(r for r in rows if r.node == "node-a")
+    assert node_a.problems[0] == ("control characters: 8 in the Lease's state, shown escaped (no publisher "
+                                  "writes them: a forged or corrupt Lease)")
+    line_a, line_b = (next(line for line in text.splitlines() if line.startswith(n)) for n in ("node-a", "node-b"))
+    assert "  0.2.0\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07\\x9b\\x7f\\u202e\\\\x41  " in line_a, line_a
+    assert "not chained: \\x1b[1Aok" in line_a and "not ready: \\x0dxxx" in line_a
+    # Cut: a cell at its width, the problems at theirs.
+    assert " " + "c" * (limits.FLEET_CELL_CHARS - 3) + "...  " in line_a
+    problems = line_a[line_a.index("control characters"):]
+    assert len(problems) == limits.FLEET_PROBLEMS_CHARS and problems.endswith("xxx...")
+    assert line_b.split()[7] == "9.9.9" and line_b.rstrip().endswith("-")  # control: plain text as it is
+    assert len(line_a) < 12 * limits.FLEET_CELL_CHARS + limits.FLEET_PROBLEMS_CHARS
+    assert fleetmod.document(rows, "ns")["nodes"][0]["version"] == hostile  # JSON says it as it is, escaped
+
+
+def test_fleet_needs_a_lease_prefix_to_tell_whose_a_lease_is(monkeypatch) -> None:
+    monkeypatch.setattr(fleetmod, "client_getter", lambda _kubeconfig: None)
+    monkeypatch.setattr(fleetmod, "read_fleet", lambda *_a: ([], []))
+    result = CliRunner().invoke(cli.cli, ["fleet", "--lease-prefix", ""])
+    assert result.exit_code == 2 and "must not be empty" in result.output, result.output
+    seen: list[str] = []
+
+    def rows(_leases: Any, _nodes: Any, _now: float, prefix: str) -> list[Any]:
+        seen.append(prefix)
+        return []
+
+    monkeypatch.setattr(fleetmod, "fleet_rows", rows)
+    assert CliRunner().invoke(cli.cli, ["fleet"]).exit_code == 0 and seen == [limits.NODE_LEASE_PREFIX]
 
 
 def test_the_table_has_a_column_for_each_figure() -> None:
@@ -471,3 +557,103 @@ def test_a_real_publisher_keeps_its_lease_and_fleet_shows_it_until_it_stops(cont
             except client.exceptions.ApiException:
                 pass
 
+
+
+# ---------------------------------------------------------------- Leases others wrote, read by the operator's fleet
+
+
+def fleet_nodes(core: client.CoreV1Api, label: str, names: tuple[str, ...]) -> str:
+    """Nodes of this test only (a label of their own): the selector fleet is run with."""
+    for name in names:
+        core.create_node({"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": name, "labels": {"netclaim-test/fleet": label}}})
+    return f"netclaim-test/fleet={label}"
+
+
+def written(api_client: Any, namespace: str, node: str, renewed: float, name: str = "",
+            duration: int | None = None, **doc: Any) -> None:
+    """A Lease as a publisher writes it (nodelease.lease_body), with what a writer may change in it."""
+    body = lease_body(LeaseSettings(namespace, node, period=600), state(**doc), renewed, renewed)
+    body["metadata"]["name"] = name or body["metadata"]["name"]
+    if duration is not None:
+        body["spec"]["leaseDurationSeconds"] = duration
+    client.CoordinationV1Api(api_client).create_namespaced_lease(namespace, body)
+
+
+def run_fleet_process(argv: list[str], terminal: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """`netclaim-publisher fleet` as the operator runs it: its own process; on a terminal (a pty, through
+    script(1)) when `terminal`, where escapes would act."""
+    cmd = [str(BIN / "netclaim-publisher"), "fleet", *argv]
+    if terminal:
+        cmd = ["script", "-q", "-e", "-c", " ".join(shlex.quote(a) for a in cmd), "/dev/null"]
+    return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False)
+
+
+@pytest.mark.controlplane
+def test_a_nodes_lease_cannot_write_escapes_to_the_operators_terminal(control_plane, api_client, cluster) -> None:
+    """A compromised node may write its own Lease (the admission policy allows it): a version that clears
+    the screen and sets the clipboard (OSC 52) reaches the operator's terminal only escaped."""
+    core, label = client.CoreV1Api(api_client), f"esc-{uuid.uuid4().hex[:6]}"
+    nodes = (f"{label}-a", f"{label}-b")
+    attack = "\x1b[2J\x1b]52;c;ZXZpbA==\x07"
+    try:
+        selector = fleet_nodes(core, label, nodes)
+        now = time.time()
+        written(api_client, cluster.namespace, nodes[0], now, version=f"0.2.0{attack}")
+        written(api_client, cluster.namespace, nodes[1], now, version="9.9.9")
+        args = ["--kubeconfig", control_plane.kubeconfig, "-n", cluster.namespace, "-l", selector]
+        shown = run_fleet_process(args, terminal=True)
+        out = shown.stdout
+        assert b"\x1b" not in out and b"\x07" not in out, out
+        assert shown.returncode == 1, out
+        row_a = next(line for line in out.decode().splitlines() if line.startswith(nodes[0]))
+        assert "0.2.0\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07" in row_a and "control characters: 3" in row_a, row_a
+        # Control: the other node's plain version as it is, and its row well.
+        row_b = next(line for line in out.decode().splitlines() if line.startswith(nodes[1]))
+        assert row_b.split()[7] == "9.9.9" and row_b.rstrip().endswith("  -"), row_b
+        # -o json stays JSON, and says the version as the Lease has it.
+        doc = json.loads(run_fleet_process([*args, "-o", "json"]).stdout)
+        assert {r["node"]: r["version"] for r in doc["nodes"]} == {nodes[0]: f"0.2.0{attack}", nodes[1]: "9.9.9"}
+    finally:
+        for name in nodes:
+            try:
+                core.delete_node(name)
+            except client.exceptions.ApiException:
+                pass
+
+
+@pytest.mark.controlplane
+def test_fleet_judges_whose_a_lease_is_and_whether_it_is_fresh_by_its_own_rules(control_plane, api_client,
+                                                                               cluster) -> None:
+    """On an API server without the chart's admission policies (anyone with `leases create` in the namespace
+    writes what they like): a node's ten-year Lease does not keep it fresh after its publisher stopped, and a
+    labelled Lease held by node-b a year ahead neither makes node-b fresh nor passes for a node."""
+    core, label = client.CoreV1Api(api_client), f"trust-{uuid.uuid4().hex[:6]}"
+    node_a, node_b, node_c = nodes = (f"{label}-a", f"{label}-b", f"{label}-c")
+    year = 365 * 86400.0
+    try:
+        selector = fleet_nodes(core, label, nodes)
+        now = time.time()
+        written(api_client, cluster.namespace, node_a, now - 30 * 86400, duration=10 * 365 * 86400)
+        written(api_client, cluster.namespace, node_b, now - 2 * 3600)  # its publisher stopped two hours ago
+        written(api_client, cluster.namespace, node_b, now + year, name=f"zz-{label}")
+        written(api_client, cluster.namespace, node_c, now)  # control: a normal heartbeat
+        ran = run_fleet_process(["--kubeconfig", control_plane.kubeconfig, "-n", cluster.namespace, "-l", selector,
+                                 "-o", "json"])
+        assert ran.returncode == 1, ran.stderr
+        rows = json.loads(ran.stdout)["nodes"]
+        by_node = {r["node"]: r for r in rows if r["node"]}
+        assert by_node[node_a]["stale"] and by_node[node_a]["problems"][0].startswith("stale: last heartbeat 30d ago")
+        assert by_node[node_b]["stale"] and by_node[node_b]["lease"] == f"netclaim-node-{node_b}"
+        [foreign] = [r for r in rows if r["foreign"]]
+        assert foreign["lease"] == f"zz-{label}" and foreign["problems"][0].startswith(
+            f"foreign: Lease zz-{label} is held by '{node_b}'"), foreign
+        assert not by_node[node_c]["stale"] and by_node[node_c]["problems"] == [], by_node[node_c]
+        assert json.loads(ran.stdout)["summary"] | {"nodes": 3, "ok": 1, "stale": 2, "foreign": 1} == json.loads(
+            ran.stdout)["summary"]
+    finally:
+        for name in nodes:
+            try:
+                core.delete_node(name)
+            except client.exceptions.ApiException:
+                pass
