@@ -109,7 +109,7 @@ class NetnsAccess:
             data, got, _flags, _addr = socket.recv_fds(sock, wire.MAX_MESSAGE, max(fds, 1))
             try:
                 return wire.decode(data), list(got)
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, TypeError):
                 for fd in got:
                     os.close(fd)
                 raise OSError(errno.EPROTO, "malformed answer from the netns opener", self.opener) from None

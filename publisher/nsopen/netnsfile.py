@@ -15,7 +15,8 @@ import errno
 import os
 import socket
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cni_plugin.netns import CLONE_NEWNET, setns
 
@@ -117,7 +118,7 @@ def sockets_in(netns_fd: int, path: str) -> tuple[socket.socket, socket.socket]:
             setns(netns_fd, CLONE_NEWNET)
             made.append(netlink_socket())
             made.append(netlink_socket())
-        except BaseException as exc:  # handed to the caller
+        except BaseException as exc:  # noqa: BLE001 (handed to the calling thread, raised there)
             failed.append(exc)
 
     thread = threading.Thread(target=enter, name="netns-enter", daemon=True)

@@ -68,7 +68,7 @@ class Opener:
         while not stopping.is_set():
             try:
                 conn, _addr = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             with conn:
                 conn.settimeout(self.settings.deadline)
@@ -90,14 +90,16 @@ class Opener:
         return uid == 0 or uid in self.settings.allowed_uids
 
     def handle(self, conn: socket.socket) -> None:
+        """Read the request (so the peer's send never meets a closed socket), then judge the peer."""
+        data = conn.recv(wire.MAX_MESSAGE)
         pid, uid = wire.peer_uid(conn)
         if not self.allowed(uid):
             self.log.warning("netns request refused: peer not allowed", extra={**LOG_FIELDS, "pid": pid, "uid": uid})
             conn.send(wire.encode(refusal(errno.EACCES, f"uid {uid} is not allowed", "not-watchable")))
             return
         try:
-            request = wire.decode(conn.recv(wire.MAX_MESSAGE))
-        except (ValueError, UnicodeDecodeError):
+            request = wire.decode(data)
+        except (ValueError, TypeError):
             conn.send(wire.encode(refusal(errno.EINVAL, "malformed request")))
             return
         if request.get("op") == "ping":

@@ -38,5 +38,5 @@ def encode(message: dict[str, Any]) -> bytes:
 def decode(data: bytes) -> dict[str, Any]:
     message = json.loads(data.decode())
     if not isinstance(message, dict):
-        raise ValueError("not an object")
+        raise TypeError("not an object")
     return message
