@@ -9,6 +9,7 @@ never a traceback: an operator reads it in `kubectl logs` or the journal.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -133,6 +134,11 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               help="HOST:PORT serving only /healthz and /readyz, on threads of their own, for the kubelet's "
                    "probes: connections held open on --metrics-address cannot make them fail. Use a loopback "
                    "address (the chart: 127.0.0.1, which pods cannot reach). Empty: off.")
+@click.option("--probe-socket", envvar="NETCLAIM_PROBE_SOCKET", show_envvar=True, default="",
+              type=click.Path(dir_okay=False),
+              help="Unix socket serving only /healthz and /readyz (created 0600; put it in a root-owned directory), "
+                   "for exec probes (`python -m publisher.observe.localprobe SOCKET /healthz`): no local account "
+                   "can take it or answer in its place, as it can a TCP port. Empty: off.")
 @click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
               type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON (one event a line) or text.")
 @click.option("--log-level", envvar="NETCLAIM_LOG_LEVEL", show_envvar=True, default="info", show_default=True,
@@ -223,7 +229,8 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
                    "(needs CAP_SYS_ADMIN).")
 @nodelease.options
 def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str, spool_dir: str,
-        metrics_address: str, probe_address: str, log_format: str, log_level: str, allowed_uid: tuple[int, ...],
+        metrics_address: str, probe_address: str, probe_socket: str, log_format: str, log_level: str,
+        allowed_uid: tuple[int, ...],
         allowed_gid: tuple[int, ...], workers: int, resolve_timeout: float, sibling_hold: float, verify_after: float,
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
@@ -253,6 +260,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     from publisher.service import Service, Settings
 
     limit_malloc_arenas()
+    from publisher.observe.listeners import keep_listening
     log = logs.setup(log_format, log_level)
     metrics = Metrics()
     if resync_interval is not None:
@@ -289,21 +297,29 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         service = Service(settings, kube, metrics)
         server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid,
                               resync=service.request_resync)
-        health = HealthServer(metrics_address, metrics, service.ready, service.live) if metrics_address else None
-        probes = (HealthServer(probe_address, metrics, service.ready, service.live, probes_only=True)
-                  if probe_address else None)
+
+        def http(address: str, probes_only: bool) -> Any:
+            listener = HealthServer(address, metrics, service.ready, service.live, probes_only=probes_only)
+            listener.start()
+            return listener
+
+        def taken(name: str) -> None:
+            metrics.listen_taken.labels(name).inc()
+
+        # A port (or socket) another process holds is opened once it is free: the work starts regardless.
+        listeners = [keep_listening(name, address, functools.partial(http, address, probes_only), taken)
+                     for name, address, probes_only in (("metrics", metrics_address, False),
+                                                        ("probe", probe_address, True),
+                                                        ("probe-socket", probe_socket, True))]
     except (OSError, sqlite3.Error) as exc:
         raise config_error("cannot start", exc) from None
     service.health.checks.append(server.serving)
     metrics.watch_backlog(spool_dir, service.oldest_pending_age, service.intake.spooled_times)
-    for listener in (health, probes):
-        if listener:
-            listener.start()
     server.start()
     service.start()
     log.info("publisher started", extra={"node": node_name, "socket": socket_path, "state_dir": state_dir,
                                          "spool_dir": spool_dir, "metrics": metrics_address,
-                                         "probes": probe_address,
+                                         "probes": probe_address, "probe_socket": probe_socket,
                                          "emit_events": emit_events,
                                          "driver_names": sorted(service.unchained.drivers),
                                          "journal_depth": service.journal.depth()})
@@ -316,7 +332,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     done.wait()
     server.stop()
     service.stop()
-    for listener in (health, probes):
+    for listener in listeners:
         if listener:
             listener.stop()
     tenure.release()
@@ -486,6 +502,11 @@ def netns_opener(socket_path: str, netns_dirs: tuple[str, ...], allowed_uid: tup
 @click.option("--test-pause", multiple=True, hidden=True, metavar="POINT=SECONDS",
               help="Tests only: stop at a point of an edit (before-replace, after-write).")
 @click.option("--test-hold", multiple=True, hidden=True, metavar="POINT=FILE",
+@click.option("--probe-socket", envvar="NETCLAIM_KEEPER_PROBE_SOCKET", show_envvar=True, default="",
+              type=click.Path(dir_okay=False),
+              help="Unix socket serving only /readyz and /healthz (created 0600; put it in a root-owned directory): "
+                   "the exec probes' and the publisher's --keeper-socket, which believes only root's answer there "
+                   "(empty: none).")
               help="Tests only: at a point of the uninstall (before-cleanup, after-unchain), wait until FILE is gone.")
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
@@ -495,7 +516,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
                  cleanup_dir: tuple[str, ...], poll_interval: float,
                  daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
                  log_format: str, log_level: str, node_name: str, metrics_address: str, probe_address: str,
-                 lock_dir: str, stall_after: float,
+                 lock_dir: str, probe_socket: str, stall_after: float,
                  test_pause: tuple[str, ...],
                  test_hold: tuple[str, ...]) -> None:
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
@@ -565,7 +586,8 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
 
     cfg.teardown = RuntimeTeardown(runtime_teardown, kube, node_name)
     cfg.teardown.learn()  # now: the release's RBAC is being deleted when an uninstall's SIGTERM comes
-    reporting = keeperprogram.Reporting(metrics_address=metrics_address, probe_address=probe_address)
+    reporting = keeperprogram.Reporting(metrics_address=metrics_address, probe_address=probe_address,
+                                        probe_socket=probe_socket)
     if kube is not None and node_name:
         reporting.events = contest_events(kube, node_name)
     sys.exit(keeperprogram.run_keeper(cfg, once, decide if daemonset else None, stop, reporting))

@@ -184,7 +184,7 @@ class Service:
             spool_times=self.intake.spooled_times, claims=self.journal.claim_count,
             attachments=self.journal.attachment_count, claim_states=self.report.claims,
             pods_unchained=lambda: self.unchained.flagged() if self.unchained.enabled else 0,
-            ready=self.ready, keeper=KeeperWatch(cfg.keeper_address, min(limits.KEEPER_SILENT_GRACE, cfg.period)))
+            ready=self.ready, keeper=KeeperWatch(cfg.keeper, min(limits.KEEPER_SILENT_GRACE, cfg.period)))
         return NodeLease(self.kube, cfg, sources, self.metrics.node_lease_failures.inc, self.stopping)
 
     def _spawn(self, name: str, body: Callable[[], None]) -> None:

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from publisher import limits
-from publisher.observe.metrics import EVENT_RESULTS, preset  # also turns the `_created` series off
+from publisher.observe.metrics import EVENT_RESULTS, listen_taken_counter, preset  # also: no `_created` series
 
 
 @dataclass
@@ -111,6 +111,7 @@ class KeeperMetrics:
                                     "/readyz closed at once because every handler was busy", registry=r)
         self.probe_refused = Counter("netclaim_probe_connections_refused_total", "Connections to the probe "
                                      "listener closed at once because every probe handler was busy", registry=r)
+        self.listen_taken = listen_taken_counter(r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

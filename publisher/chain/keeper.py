@@ -103,8 +103,6 @@ RELOAD_SETTLE = 2.0
 # keeps the executable (within the grace period: DECIDE_WITHIN + RELOAD_SETTLE + this < 30).
 TEARDOWN_WAIT = 8.0
 HOLD_MAX = 120.0  # seconds a test hold can stop the keeper
-# Seconds to keep trying to bind a listener whose address the previous lock holder still has.
-BIND_WITHIN = 10.0
 
 
 @dataclass

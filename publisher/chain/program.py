@@ -10,17 +10,15 @@ the node is put back.
 
 from __future__ import annotations
 
-import errno
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from publisher import logs
 from publisher.chain.guard import KeeperMetrics
 from publisher.chain.heartbeat import STARTING, WAITING, Heartbeat
-from publisher.chain.keeper import BIND_WITHIN, TEARDOWN_WAIT, ChainKeeper, KeeperConfig
+from publisher.chain.keeper import TEARDOWN_WAIT, ChainKeeper, KeeperConfig
 from publisher.chain.nodelock import LockBusy, NodeLock
 
 
@@ -53,13 +51,17 @@ class Reporting:
 
     metrics_address: str = ""  # host:port for /metrics, /readyz, /healthz; empty: none
     probe_address: str = ""  # host:port for /readyz, /healthz only, on their own threads (the kubelet's); empty: none
+    # A unix socket for /readyz, /healthz only (exec probes, and the publisher's heartbeat, which believes no
+    # other answer); empty: none.
+    probe_socket: str = ""
     # Given the outcome counter, the (conflist, note) warner that posts a Warning Event on the Node.
     events: Callable[[Callable[[str], None]], Callable[[str, str], None]] | None = None
 
 
 def start_health(address: str, keeper: ChainKeeper, probes_only: bool = False) -> Any:
     """The publisher's bounded server (publisher/observe/metrics.py) with the keeper's registry, readiness
-    and liveness (its heartbeat); with `probes_only` the probe listener (no /metrics, threads of its own)."""
+    and liveness (its heartbeat); with `probes_only` the probe listener (no /metrics, threads of its own).
+    `address` is host:port, or the path of a unix socket."""
     from publisher.observe.metrics import HealthServer
 
     # The status object is replaced on every change: read it at request time.
@@ -71,33 +73,15 @@ def start_health(address: str, keeper: ChainKeeper, probes_only: bool = False) -
     return server
 
 
-def start_health_when_free(address: str, keeper: ChainKeeper, probes_only: bool = False,
-                           within: float = BIND_WITHIN) -> Any:
-    """start_health, trying again for `within` seconds while the address is in use: the keeper that held
-    the node lock before this one (the pods share the host's network) closes its listeners just after
-    letting the lock go."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return start_health(address, keeper, probes_only)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
-                raise
-            time.sleep(0.1)
+def keep_health(listener: str, address: str, keeper: ChainKeeper, probes_only: bool = True) -> Any:
+    """start_health now, or as soon as `address` is free (publisher/observe/listeners.py): the keeper that held
+    the node lock before this one (the pods share the host's network and run dir) closes its listeners just
+    after letting the lock go, and a port a local account took must not stop the keeper from keeping the
+    chain. None without an address."""
+    from publisher.observe.listeners import keep_listening
 
-
-def start_probes_early(address: str, keeper: ChainKeeper) -> Any:
-    """The probe listener before the node lock is taken, so the kubelet sees a keeper that waits for the
-    lock as alive (not ready). None when the address is in use: the keeper holding the lock listens there,
-    and the kubelet's probes (the pods share the host's network) reach it until it lets go."""
-    try:
-        return start_health(address, keeper, probes_only=True)
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
-    logs.get().info("probe address in use (the chain keeper holding the node lock?): listening once the lock "
-                    "is ours", extra={"address": address})
-    return None
+    return keep_listening(listener, address, lambda: start_health(address, keeper, probes_only),
+                          lambda name: keeper.metrics.listen_taken.labels(name).inc())
 
 
 def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
@@ -124,24 +108,23 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     stop = stop or StopSignal.install()
     keeper.stop = stop.event
     signalled = stop.signals
-    # The probe listener first: waiting for the node lock is alive (/healthz), not ready (/readyz).
-    probes = start_probes_early(reporting.probe_address, keeper) if reporting.probe_address else None
+    # The probe listeners first: waiting for the node lock is alive (/healthz), not ready (/readyz). While the
+    # keeper holding the lock still listens there, they open once it lets go (its probes answer meanwhile).
+    probes = (keep_health("probe", reporting.probe_address, keeper),
+              keep_health("probe-socket", reporting.probe_socket, keeper))
     if lock is not None and not take_node(lock, stop.event, keeper.heartbeat):
         log.info("chain keeper stopped while waiting for the node lock: nothing done")
-        if probes is not None:
-            probes.stop()
+        stop_all(probes)
         return 0
     keeper.heartbeat.enter(STARTING)
-    health = start_health_when_free(reporting.metrics_address, keeper) if reporting.metrics_address else None
-    if probes is None and reporting.probe_address:
-        probes = start_health_when_free(reporting.probe_address, keeper, probes_only=True)
+    listeners = (keep_health("metrics", reporting.metrics_address, keeper, probes_only=False), *probes)
     log.info("chain keeper started", extra={"conf_dir": str(cfg.conf_dir), "conflist": cfg.conflist or "(first)",
                                             "poll_interval": cfg.poll_interval})
     if lock is not None:
         keeper.superseded = lock.superseded
     keeper.run()
     if keeper.stepped_down:
-        return step_down(lock, stop.event, (health, probes))
+        return step_down(lock, stop.event, listeners)
     log.info("chain keeper signalled: uninstall or upgrade?", extra={"signal": signalled[-1] if signalled else 0})
     # Positive evidence only (publisher/chain/ownerwatch.py): 'gone' cleans the node; 'present' and 'unknown' keep it.
     state = decide() if decide is not None else "unknown"
@@ -159,10 +142,14 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
             cleaned = True
     if lock is not None:
         lock.release(remove=cleaned)
-    for server in (health, probes):
-        if server is not None:
-            server.stop()
+    stop_all(listeners)
     return 0
+
+
+def stop_all(listeners: tuple[Any, ...]) -> None:
+    for listener in listeners:
+        if listener is not None:
+            listener.stop()
 
 
 def step_down(lock: NodeLock | None, stopped: threading.Event, servers: tuple[Any, ...]) -> int:
@@ -171,9 +158,7 @@ def step_down(lock: NodeLock | None, stopped: threading.Event, servers: tuple[An
     log = logs.get()
     log.info("a newer chain keeper claimed this node (a rollout's new pod): stepping down; the chain, plugin and "
              "state are its now", extra={"lock": str(lock.path) if lock else ""})
-    for server in servers:
-        if server is not None:
-            server.stop()
+    stop_all(servers)
     if lock is not None:
         lock.release()
     stopped.wait()

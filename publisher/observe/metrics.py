@@ -31,10 +31,12 @@ network reaches) with its own threads and queue, that serves /healthz and
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import queue
 import socket
+import stat
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -71,10 +73,19 @@ INTERFACE_CHANGES = ("LinkDown", "NoCarrier", "AddressLost", "InterfaceGone", "R
                      "MacChanged", "Changed")
 LIVE_JOURNAL_STEPS = ("read", "write", "retire")  # publisher/live/watcher.py: its journal steps that can fail
 APPLY_ERROR_CODES = ("409", "422")  # the refusals an apply meets in practice (a 403 is retried, not counted)
+LISTENERS = ("metrics", "probe", "probe-socket")  # publisher/observe/listeners.py: what a listener serves
 UNKNOWN_FIELD_OTHER = "(other)"  # publisher/intake/spool.py: names past its cap
 # An API request's latency, from sending it until its answer is read (a watch: until its stream opens):
 # 1 ms (a cached GET on a local server) to 30 s (a slow apply, or a request that ends at its timeout).
 API_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def listen_taken_counter(registry: CollectorRegistry) -> Counter:
+    """publisher/observe/listeners.py: tries to open a listener whose address another process held."""
+    return preset(Counter(
+        "netclaim_listen_address_taken_total", "Tries to open a listener (metrics, probe, probe-socket) whose "
+        "address another process held (its uid is logged); tried again with a backoff", ["listener"],
+        registry=registry), *LISTENERS)
 
 
 def preset(counter: Counter, *values: Any) -> Counter:
@@ -222,6 +233,7 @@ class Metrics:
             "netclaim_probe_connections_refused_total", "Connections to the probe listener (/healthz, /readyz "
             "for the kubelet) closed at once because every probe handler was busy and its queue was full",
             registry=r)
+        self.listen_taken = listen_taken_counter(r)
         # publisher/observe/nodelease.py: the node's heartbeat Lease (`netclaim-publisher fleet` reads it).
         self.node_lease_failures = Counter(
             "netclaim_node_lease_write_failures_total", "Writes of the node's heartbeat Lease that failed (no "
@@ -296,20 +308,24 @@ class HealthServer:
 
     def __init__(self, address: str, metrics: Any, ready: Callable[[], tuple[bool, str]],
                  live: Callable[[], tuple[bool, str]] = lambda: (True, ""), probes_only: bool = False) -> None:
-        host, _, port = address.rpartition(":")
         handler = _handler(None if probes_only else metrics, ready, live)
         name = "probe" if probes_only else "metrics"
         refused = getattr(metrics, "probe_refused" if probes_only else "http_refused", None)
         workers, waiting = ((limits.PROBE_WORKERS, limits.PROBE_QUEUE) if probes_only
                             else (limits.HTTP_WORKERS, limits.HTTP_QUEUE))
-        self.httpd = BoundedHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), handler,
+        where: str | tuple[str, int] = address
+        if not address.startswith("/"):  # a path is a unix socket (the exec probes' and the heartbeat's)
+            host, _, port = address.rpartition(":")
+            where = (host.strip("[]") or "127.0.0.1", int(port))
+        self.httpd = BoundedHTTPServer(where, handler,
                                        refused.inc if refused is not None else (lambda: None),
                                        workers=workers, waiting=waiting, name=name)
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.5,), name=name, daemon=True)
 
     @property
     def port(self) -> int:
-        return self.httpd.server_address[1]
+        """The TCP port listened on (0 for a unix socket)."""
+        return self.httpd.server_address[1] if isinstance(self.httpd.server_address, tuple) else 0
 
     def start(self) -> None:
         self.httpd.start_pool()
@@ -335,15 +351,47 @@ class BoundedHTTPServer(HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], handler: Any, refused: Callable[[], None],
+    def __init__(self, address: tuple[str, int] | str, handler: Any, refused: Callable[[], None],
                  workers: int = limits.HTTP_WORKERS, waiting: int = limits.HTTP_QUEUE, name: str = "metrics") -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        super().__init__(address, handler)
+        if isinstance(address, str):
+            self.address_family = socket.AF_UNIX
+        else:
+            self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.bound: tuple[int, int] | None = None  # a unix socket's (dev, inode), removed on close if still ours
+        super().__init__(address, handler)  # type: ignore[arg-type]
         self.refused = refused
         self.waiting: queue.Queue = queue.Queue(maxsize=waiting)
         self.active: dict[int, tuple[socket.socket, float]] = {}  # handler index -> (connection, deadline)
         self.pool = [threading.Thread(target=self._work, args=(i,), name=f"{name}-{i}", daemon=True)
                      for i in range(workers)]
+
+    def server_bind(self) -> None:
+        """TCP as HTTPServer binds; a unix socket born 0600, after a stale one (nobody accepts) is removed."""
+        if self.address_family != socket.AF_UNIX:
+            super().server_bind()
+            return
+        path = str(self.server_address)
+        clear_stale_socket(path)
+        old = os.umask(0o177)  # no window where another user could connect
+        try:
+            self.socket.bind(path)
+        finally:
+            os.umask(old)
+        st = os.lstat(path)
+        self.bound = (st.st_dev, st.st_ino)
+        self.server_name, self.server_port = "localhost", 0
+
+    def server_close(self) -> None:
+        super().server_close()
+        if self.bound is not None:
+            path = str(self.server_address)
+            try:
+                st = os.lstat(path)
+                if (st.st_dev, st.st_ino) == self.bound:  # not a successor's socket bound since
+                    os.unlink(path)
+            except OSError:
+                pass
+            self.bound = None
 
     def start_pool(self) -> None:
         for t in self.pool:
@@ -387,6 +435,27 @@ class BoundedHTTPServer(HTTPServer):
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+def clear_stale_socket(path: str) -> None:
+    """Remove a socket at `path` that nobody accepts on (a crashed process's); EADDRINUSE when one does."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        os.unlink(path)
+        return
+    except FileNotFoundError:
+        return
+    finally:
+        probe.close()
+    raise OSError(errno.EADDRINUSE, f"another process serves {path}")
 
 
 def _handler(metrics: Any | None, ready: Callable[[], tuple[bool, str]],

@@ -8,8 +8,9 @@ it is down), and the annotation `netclaim.dev/node-state` carries a small JSON d
 the node's parts already know:
 
 - chained, conflist, contested: the chain keeper's status line (publisher/chain/keeper.py
-  KeeperStatus.line, the body of its /readyz), read over the node's loopback, never through a
-  proxy; `unknown` when no keeper is configured (a systemd install) or it does not answer, which
+  KeeperStatus.line, the body of its /readyz), read over the keeper's unix socket and believed only
+  when root listens there (a TCP port on the loopback is anyone's to take: an answer over TCP is
+  never believed); `unknown` when no keeper is configured (a systemd install) or it does not answer, which
   `keeper` tells apart (`none`, `answered`, `silent` for under a minute, `unreachable` after
   that: `fleet` fails on the last);
 - podsUnchained: pods found started while netclaim was not chained (publisher/repair/unchained.py,
@@ -53,6 +54,7 @@ import click
 from cni_plugin import __version__
 from publisher import limits, logs
 from publisher.clock import node_seconds, wall
+from publisher.observe import localprobe
 
 if TYPE_CHECKING:  # the API client is imported where it is used: `run --help` and `status` stay light
     from publisher.kube.calls import Kube
@@ -110,19 +112,42 @@ _NODE_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def ask_keeper(address: str, timeout: float = limits.KEEPER_ASK_TIMEOUT) -> ChainView:
-    """GET the keeper's /readyz (200 when chained or the contest is reported, 503 otherwise: both say the line)."""
+    """GET the keeper's /readyz (200 when chained or the contest is reported, 503 otherwise: both say the line).
+
+    `address` is the keeper's unix socket (--keeper-socket), whose answer counts only from root (or our own
+    uid), or a TCP host:port (--keeper-address, kept for old configurations), whose answer is never believed:
+    any local account can bind the port first and answer `chained`. Its line shows in the detail only."""
     if not address:
-        return ChainView(detail="no chain keeper configured (--keeper-address)")
+        return ChainView(detail="no chain keeper configured (--keeper-socket)")
+    if address.startswith("/"):
+        return _ask_socket(address, timeout)
     host, _, port = address.rpartition(":")
     url = f"http://{host or '127.0.0.1'}:{port}/readyz"
     try:
         with _NODE_LOCAL.open(url, timeout=timeout) as resp:
-            return _answered(resp.read(512))
+            said = resp.read(512)
     except urllib.error.HTTPError as exc:
-        return _answered(exc.read(512))
+        said = exc.read(512)
     except (OSError, ValueError) as exc:
         return ChainView(detail=f"chain keeper unreachable at {address}: {type(exc).__name__}",
                          keeper=KEEPER_UNREACHABLE)
+    line = said.decode("utf-8", "replace").strip()
+    return ChainView(detail=f"not believed: {address} is a TCP port any local account can answer on (give "
+                            f"--keeper-socket); it said: {line}"[:200], keeper=KEEPER_ANSWERED)
+
+
+def _ask_socket(path: str, timeout: float) -> ChainView:
+    """The keeper's /readyz over its unix socket; an answer from another uid is no answer of the keeper."""
+    try:
+        answer = localprobe.ask(path, "/readyz", timeout)
+    except OSError as exc:
+        return ChainView(detail=f"chain keeper unreachable at {path}: {type(exc).__name__}", keeper=KEEPER_UNREACHABLE)
+    if not answer.trusted:
+        return ChainView(detail=f"chain keeper unreachable at {path}: served by uid {answer.uid}, not root "
+                                "(not believed)", keeper=KEEPER_UNREACHABLE)
+    if not answer.status:
+        return ChainView(detail=f"chain keeper unreachable at {path}: no HTTP answer", keeper=KEEPER_UNREACHABLE)
+    return _answered(answer.body.encode())
 
 
 def _answered(body: bytes) -> ChainView:
@@ -239,7 +264,8 @@ class LeaseSettings:
     node: str
     prefix: str = limits.NODE_LEASE_PREFIX
     period: float = limits.NODE_LEASE_PERIOD
-    keeper_address: str = ""
+    keeper_address: str = ""  # TCP (--keeper-address): asked, never believed
+    keeper_socket: str = ""  # the keeper's unix socket (--keeper-socket): believed from root
     # The publisher's pod (name, uid) when the Lease is in the pod's own namespace: the Lease's
     # owner, so the garbage collector deletes it with the pod (a deleted node's pods are deleted,
     # an uninstall deletes the DaemonSet's), and no Lease outlives what it reports on.
@@ -248,6 +274,11 @@ class LeaseSettings:
     @property
     def name(self) -> str:
         return f"{self.prefix}{self.node}"
+
+    @property
+    def keeper(self) -> str:
+        """Where the keeper is asked: its socket when given (the only answer believed), else the TCP address."""
+        return self.keeper_socket or self.keeper_address
 
     @property
     def duration(self) -> int:
@@ -303,7 +334,7 @@ class NodeLease:
     def run(self) -> None:
         log = logs.get()
         log.info("node lease", extra={"namespace": self.cfg.namespace, "lease": self.cfg.name,
-                                      "period": self.cfg.period, "keeper": self.cfg.keeper_address or "-"})
+                                      "period": self.cfg.period, "keeper": self.cfg.keeper or "-"})
         broken = False
         while True:
             try:
@@ -420,10 +451,15 @@ def options(command: Callable[..., Any]) -> Callable[..., Any]:
                           "so the Lease goes with the pod (a deleted node, an uninstall)."),
         click.option("--pod-uid", "pod_uid", envvar="NETCLAIM_POD_UID", show_envvar=True, default="",
                      help="The uid of --pod-name."),
+        click.option("--keeper-socket", envvar="NETCLAIM_KEEPER_SOCKET", show_envvar=True, default="",
+                     type=click.Path(dir_okay=False),
+                     help="The chain keeper's unix socket on this node (its --probe-socket; the chart: in the run "
+                          "dir), whose /readyz is the Lease's chained and contested; believed only when root (or "
+                          "this process's uid) listens there. Empty: unknown."),
         click.option("--keeper-address", envvar="NETCLAIM_KEEPER_ADDRESS", show_envvar=True, default="",
-                     callback=_address, help="HOST:PORT of the chain keeper's /readyz on this node (the chart: its "
-                                             "probe listener), read for the Lease's chained and contested; "
-                                             "empty: unknown."),
+                     callback=_address, help="Deprecated: HOST:PORT of the keeper's TCP /readyz. Any local account "
+                                             "can answer on a TCP port, so its answer is never believed: the "
+                                             "Lease says chained unknown and shows the line in its detail."),
     ]
     for opt in reversed(opts):
         command = opt(command)
@@ -468,7 +504,8 @@ def settings_from(given: dict[str, Any], node: str, kubeconfig: str | None) -> L
         return None
     cfg = LeaseSettings(namespace, node, given.get("node_lease_prefix") or limits.NODE_LEASE_PREFIX,
                         float(given.get("node_lease_period") or limits.NODE_LEASE_PERIOD),
-                        given.get("keeper_address") or "", owner_of(given, namespace))
+                        given.get("keeper_address") or "", given.get("keeper_socket") or "",
+                        owner_of(given, namespace))
     if len(cfg.name) > 253 or not _DNS_SUBDOMAIN.match(cfg.name):
         log.warning("node lease off: its name is no valid object name", extra={"lease": cfg.name[:300]})
         return None

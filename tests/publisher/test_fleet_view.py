@@ -15,8 +15,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
+import socketserver
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -412,10 +415,15 @@ def test_fleet_says_in_one_line_that_it_could_not_ask_and_exits_3(tmp_path) -> N
 # ---------------------------------------------------------------- the real API server
 
 
-class KeeperStub:
-    """The chain keeper's probe listener: /readyz answers with a status line the test sets."""
+class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
 
-    def __init__(self) -> None:
+
+class KeeperStub:
+    """The chain keeper's probe socket (its --probe-socket, the publisher's --keeper-socket): /readyz answers
+    with a status line the test sets. `tcp`: on a loopback port instead (what --keeper-address asks)."""
+
+    def __init__(self, tcp: bool = False) -> None:
         self.line = KeeperStatus("10-net.conflist", True).line()
         stub = self
 
@@ -430,24 +438,28 @@ class KeeperStub:
             def log_message(self, *_a: Any) -> None:
                 pass
 
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.dir = tempfile.mkdtemp(prefix="nc-keeper-")
+        self.server: socketserver.BaseServer = (HTTPServer(("127.0.0.1", 0), Handler) if tcp else
+                                                UnixHTTPServer(os.path.join(self.dir, "keeper-probe.sock"), Handler))
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.server.server_address[1]}"
+        where = self.server.server_address
+        return f"127.0.0.1:{where[1]}" if isinstance(where, tuple) else str(where)
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class ProxyStandIn(KeeperStub):
     """An HTTP proxy that answers every request 502, as a proxy that cannot reach a node's loopback would."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(tcp=True)
         self.line = "bad gateway"
 
 
@@ -513,7 +525,7 @@ def test_a_real_publisher_keeps_its_lease_and_fleet_shows_it_until_it_stops(cont
     selector = f"netclaim-test/fleet={label}"
     try:
         pub = publisher_factory(start=False, extra=["--node-lease-namespace", cluster.namespace,
-                                                    "--node-lease-period", "2", "--keeper-address", keeper.address])
+                                                    "--node-lease-period", "2", "--keeper-socket", keeper.address])
         pub.node = node_a
         pub.start()
 

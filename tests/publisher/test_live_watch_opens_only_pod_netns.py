@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -78,7 +79,7 @@ def test_a_proc_path_or_a_link_to_it_is_never_watched(cluster: Cluster, publishe
     for pod, netns in (("by-proc", own), ("by-link", link)):
         claim, published = add(cluster, publisher, pod, netns, ifname="lo")
         assert ready(published)["status"] == "True", f"{netns}: the watch read the host's lo: {published}"
-        wait_until(f"the watch to judge {netns}", lambda c=claim, n=netns, p=published: judged(publisher, cluster, c, n, p),
+        wait_until(f"the watch to judge {netns}", partial(judged, publisher, cluster, claim, netns, published),
                    timeout=60)
         assert cluster.devices(claim) == [published], f"{netns}: the host's lo was published as the pod's"
         said = [e for e in publisher.log_events() if e.get("msg", "").startswith(NOT_WATCHABLE)
