@@ -254,13 +254,13 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
     from publisher import logs
     from publisher.journal.durability import durable_commits as decide_durability
     from publisher.kube.calls import Credentials, Kube
+    from publisher.observe.listeners import keep_listening
     from publisher.observe.metrics import HealthServer, Metrics
     from publisher.intake.server import SocketServer
     from publisher.nsopen.access import NetnsAccess
     from publisher.service import Service, Settings
 
     limit_malloc_arenas()
-    from publisher.observe.listeners import keep_listening
     log = logs.setup(log_format, log_level)
     metrics = Metrics()
     if resync_interval is not None:
@@ -495,6 +495,11 @@ def netns_opener(socket_path: str, netns_dirs: tuple[str, ...], allowed_uid: tup
               callback=metrics_address_value,
               help="host:port serving only /readyz and /healthz on threads of their own, for the kubelet's probes "
                    "(the chart: 127.0.0.1, which pods cannot reach; empty: none).")
+@click.option("--probe-socket", envvar="NETCLAIM_KEEPER_PROBE_SOCKET", show_envvar=True, default="",
+              type=click.Path(dir_okay=False),
+              help="Unix socket serving only /readyz and /healthz (created 0600; put it in a root-owned directory): "
+                   "the exec probes' and the publisher's --keeper-socket, which believes only root's answer there "
+                   "(empty: none).")
 @click.option("--stall-after", envvar="NETCLAIM_KEEPER_STALL_AFTER", show_envvar=True, default=0.0,
               type=click.FloatRange(0, 3600),
               help="Seconds without a turn of the keeper's loop after which /healthz fails (the kubelet then "
@@ -502,11 +507,6 @@ def netns_opener(socket_path: str, netns_dirs: tuple[str, ...], allowed_uid: tup
 @click.option("--test-pause", multiple=True, hidden=True, metavar="POINT=SECONDS",
               help="Tests only: stop at a point of an edit (before-replace, after-write).")
 @click.option("--test-hold", multiple=True, hidden=True, metavar="POINT=FILE",
-@click.option("--probe-socket", envvar="NETCLAIM_KEEPER_PROBE_SOCKET", show_envvar=True, default="",
-              type=click.Path(dir_okay=False),
-              help="Unix socket serving only /readyz and /healthz (created 0600; put it in a root-owned directory): "
-                   "the exec probes' and the publisher's --keeper-socket, which believes only root's answer there "
-                   "(empty: none).")
               help="Tests only: at a point of the uninstall (before-cleanup, after-unchain), wait until FILE is gone.")
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,

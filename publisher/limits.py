@@ -277,15 +277,15 @@ HTTP_TIMEOUT = 5.0  # seconds a metrics/probe connection may take to send its re
 # metrics listener (reachable from every pod) never make the kubelet's liveness probe fail.
 PROBE_WORKERS = 2  # threads answering /healthz, /readyz on the probe listener
 PROBE_QUEUE = 8  # connections waiting for one of them; more are closed at once
-INTERNAL_ERROR_RETRIES = 3  # an event whose handling raised a non-journal error this often is failed, not retried forever
-
-# ---- Chain keeper (publisher/chain/guard.py): when keeping netclaim chained turns into a fight.
-CHAIN_WRITES_MAX = 5  # keeper writes of one conflist within CHAIN_WRITES_WINDOW; one more = contested
 # A listener whose address another process holds (a local account squatting a port, a rollout's previous
 # pod still closing): tried again after LISTEN_RETRY_FIRST seconds, doubled up to LISTEN_RETRY_CAP, for as long
 # as it takes; the publisher and the keeper do their work meanwhile (publisher/observe/listeners.py).
 LISTEN_RETRY_FIRST = 0.1
 LISTEN_RETRY_CAP = 5.0
+INTERNAL_ERROR_RETRIES = 3  # an event whose handling raised a non-journal error this often is failed, not retried forever
+
+# ---- Chain keeper (publisher/chain/guard.py): when keeping netclaim chained turns into a fight.
+CHAIN_WRITES_MAX = 5  # keeper writes of one conflist within CHAIN_WRITES_WINDOW; one more = contested
 CHAIN_WRITES_WINDOW = 60.0  # seconds; also how long a contested conflist must stay chained to be settled
 CHAIN_BACKOFF_FIRST = 10.0  # seconds without writing a contested conflist, doubled after each lost retry
 CHAIN_BACKOFF_CAP = 600.0  # a contested conflist is still retried this often
