@@ -450,17 +450,44 @@ def test_the_keeper_is_observable_not_ready_while_unchained() -> None:
     assert "--metrics-address=$(HOST_IP):9999" in keeper["args"]
     assert {e["name"] for e in keeper["env"]} >= {"NETCLAIM_NODE_NAME", "HOST_IP"}
     assert keeper["ports"] == [{"name": "keeper-metrics", "containerPort": 9999, "protocol": "TCP"}]
-    assert keeper["readinessProbe"]["httpGet"] == {"host": "127.0.0.1", "path": "/readyz", "port": 9467}
+    assert keeper["readinessProbe"]["exec"]["command"][-2:] == ["/host/netclaim/run/keeper-probe.sock", "/readyz"]
     ports = {p["port"] for p in one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]}
     assert ports == {"metrics", "keeper-metrics"}
 
 
+# The chart's exec probe: the image's interpreter runs publisher/observe/localprobe.py against SOCKET and PATH.
+EXEC_PROBE = ["/opt/netclaim/venv/bin/python", "-I", "-m", "publisher.observe.localprobe"]
+
+
+def test_kubelet_probes_ask_each_process_over_its_own_socket_by_default() -> None:
+    """A loopback port is any local account's to bind first and answer 200 on (tests/publisher/
+    test_probe_ports_another_account_holds.py): by default every probe of both containers is a command that
+    asks the container's process over its unix socket in the run dir, where only root can serve; the
+    publisher's heartbeat asks the keeper there too, never over TCP."""
+    by_name = containers(render("hostPaths.run=/run/netclaim-b"))
+    sockets = {"publisher": "/run/netclaim-b/publisher-probe.sock", "chain-keeper": "/host/netclaim/run/keeper-probe.sock"}
+    for name, socket_path in sockets.items():
+        container = by_name[name]
+        assert f"--probe-socket={socket_path}" in container["args"], container["args"]
+        probes = {k: v for k, v in container.items() if k.endswith("Probe")}
+        assert set(probes) == {"startupProbe", "livenessProbe", "readinessProbe"}, name
+        for kind, spec in probes.items():
+            path = "/readyz" if kind == "readinessProbe" else "/healthz"
+            assert spec["exec"]["command"] == [*EXEC_PROBE, socket_path, path], (name, kind, spec)
+            assert "httpGet" not in spec and spec["timeoutSeconds"] >= 5, (name, kind, spec)
+    args = by_name["publisher"]["args"]
+    assert "--keeper-socket=/run/netclaim-b/keeper-probe.sock" in args
+    assert not [a for a in args if a.startswith("--keeper-address")], args
+    assert {"name": "run", "mountPath": "/host/netclaim/run"} in by_name["chain-keeper"]["volumeMounts"]
+
+
 def test_kubelet_probes_go_to_a_loopback_probe_listener_not_the_metrics_port() -> None:
-    """The metrics port is on the node's address, which every pod reaches: a pod holding slow
+    """probes.mode=tcp: the metrics port is on the node's address, which every pod reaches: a pod holding slow
     connections there fills its handlers (tests/publisher/test_probe_listener.py). Every probe of
     both containers goes to the container's own probe listener on the node's 127.0.0.1 instead."""
-    for sets, ports in (((), (9466, 9467)), (("metrics.probePort=19466", "metrics.keeperProbePort=19467"),
-                                             (19466, 19467))):
+    for sets, ports in ((("probes.mode=tcp",), (9466, 9467)),
+                        (("probes.mode=tcp", "metrics.probePort=19466", "metrics.keeperProbePort=19467"),
+                         (19466, 19467))):
         by_name = containers(render(*sets))
         for name, port in zip(("publisher", "chain-keeper"), ports):
             container = by_name[name]
@@ -478,7 +505,7 @@ def test_probe_listeners_bind_the_node_address_only_when_asked_for_shared_loopba
     """Nodes of a test cluster that share one host's loopback cannot each bind 127.0.0.1:9466;
     `metrics.probeHost=node` puts every probe listener on the node's address (still apart from
     /metrics) and the probes go to the pod's IP; anything else is refused."""
-    by_name = containers(render("metrics.probeHost=node"))
+    by_name = containers(render("metrics.probeHost=node", "probes.mode=tcp"))
     for name, port in (("publisher", 9466), ("chain-keeper", 9467)):
         container = by_name[name]
         assert f"--probe-address=$(HOST_IP):{port}" in container["args"], container["args"]

@@ -248,7 +248,7 @@ def test_an_extra_volume_taking_a_charts_name_or_a_mount_without_a_path_is_refus
 
 def test_the_chain_keeper_has_a_liveness_probe_on_its_probe_listener() -> None:
     for sets, host in (((), {"host": "127.0.0.1"}), (("metrics.probeHost=node",), {})):
-        keeper = containers(render(*sets, "metrics.keeperProbePort=19467"))["chain-keeper"]
+        keeper = containers(render(*sets, "probes.mode=tcp", "metrics.keeperProbePort=19467"))["chain-keeper"]
         for kind in ("startupProbe", "livenessProbe"):
             assert keeper[kind]["httpGet"] == {**host, "path": "/healthz", "port": 19467}, (kind, keeper[kind])
         live = keeper["livenessProbe"]
@@ -256,6 +256,11 @@ def test_the_chain_keeper_has_a_liveness_probe_on_its_probe_listener() -> None:
         # probes, which also covers a surge rollout's hand-over of the node's probe port between two keepers.
         assert live["periodSeconds"] * live["failureThreshold"] >= 60 and live["timeoutSeconds"] >= 1
         assert keeper["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    keeper = containers(render())["chain-keeper"]  # probes.mode=exec, the default: its socket, same thresholds
+    for kind in ("startupProbe", "livenessProbe"):
+        assert keeper[kind]["exec"]["command"][-2:] == ["/host/netclaim/run/keeper-probe.sock", "/healthz"], kind
+    live = keeper["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= 60 and live["timeoutSeconds"] >= 1
 
 
 # ---------------------------------------------------------------- the generated chart README

@@ -70,8 +70,8 @@ def test_daemonset_as_the_api_server_defaults_it(api_client) -> None:
     publisher = pod["containers"][0]
     env = {e["name"]: e for e in publisher["env"]}
     assert env["NETCLAIM_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert publisher["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert publisher["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert publisher["livenessProbe"]["exec"]["command"][-1] == "/healthz"
+    assert publisher["readinessProbe"]["exec"]["command"][-1] == "/readyz"
     volumes = {v["name"]: v for v in pod["volumes"]}
     token = volumes["api-token"]["projected"]["sources"][0]["serviceAccountToken"]
     assert token["expirationSeconds"] == 3600

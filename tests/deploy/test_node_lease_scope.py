@@ -260,7 +260,7 @@ def test_the_chart_renders_the_lease_role_and_policy_and_the_publisher_flags_onl
     assert "!= 'system:serviceaccount:net:edge-netclaim-publisher'" in writers
     args = publisher_args(on)
     assert {"--node-lease-namespace=net", "--node-lease-prefix=edge-netclaim-node-", "--node-lease-period=600",
-            "--keeper-address=127.0.0.1:9467"} <= set(args)
+            "--keeper-socket=/run/netclaim/keeper-probe.sock"} <= set(args)
     off = render("nodeLease.enabled=false", release="edge", namespace="net")
     assert not {d["kind"] for d in off} & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     assert not [r for r in by_kind(off, "Role") if r["metadata"]["name"].endswith("-node-lease")]

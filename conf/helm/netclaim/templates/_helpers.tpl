@@ -119,6 +119,17 @@ metrics.probeHost=node, the node's address (only for test nodes that share one l
 {{- if eq .Values.metrics.probeHost "node" -}}$(HOST_IP){{- else -}}127.0.0.1{{- end -}}
 {{- end -}}
 
+{{/* A probe's handler. probes.mode=exec: the process's own unix socket (.socket, root's, in the run dir),
+asked by a command in the container that passes only when root answers 200 (publisher/observe/localprobe.py).
+tcp: httpGet to the probe port (.port). */}}
+{{- define "netclaim.probeHandler" -}}
+{{- if eq .root.Values.probes.mode "exec" -}}
+exec: {command: ["/opt/netclaim/venv/bin/python", "-I", "-m", "publisher.observe.localprobe", {{ .socket | quote }}, {{ .path | quote }}]}
+{{- else -}}
+httpGet: {{ include "netclaim.probeGet" . }}
+{{- end -}}
+{{- end -}}
+
 {{/* A probe's httpGet: to 127.0.0.1, or (probeHost=node) to the pod's IP, the node's for hostNetwork. */}}
 {{- define "netclaim.probeGet" -}}
 {{- if eq .root.Values.metrics.probeHost "node" -}}
