@@ -68,8 +68,8 @@ def start_health(address: str, keeper: ChainKeeper, probes_only: bool = False) -
     server = HealthServer(address, keeper.metrics, lambda: keeper.status.ready(),  # type: ignore[arg-type]
                           live=keeper.heartbeat.live, probes_only=probes_only)
     server.start()
-    logs.get().info("chain keeper " + ("probes" if probes_only else "metrics"),
-                    extra={"address": address, "port": server.port})
+    what = "probe socket" if address.startswith("/") else "probes" if probes_only else "metrics"
+    logs.get().info(f"chain keeper {what}", extra={"address": address, "port": server.port})
     return server
 
 
