@@ -144,33 +144,70 @@ def test_the_publisher_is_told_every_driver_of_the_list(monkeypatch: pytest.Monk
     assert sorted(params["driver_names"]) == ["a.example.com", "b.example.com"]
 
 
-def test_only_the_publisher_may_enter_pod_netns_and_only_with_the_live_watch() -> None:
-    """liveWatch on (the default): SYS_ADMIN on the publisher alone, the netns dir read-only with
-    HostToContainer (a netns made after the publisher started must appear). Off: neither, and the
-    publisher is told so."""
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def added_capabilities(container: dict) -> list[str]:
+    caps = container["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"], container["name"]
+    return caps.get("add", [])
+
+
+def test_no_container_that_listens_or_holds_the_token_has_a_capability() -> None:
+    """SYS_ADMIN (setns for the live watch) is the netns opener's alone: it has no port, no API
+    token, no host path but the netns dir (read-only, HostToContainer: a netns made after it started
+    must appear) and the memory emptyDir of its socket, seccomp and AppArmor RuntimeDefault. The
+    publisher, on the node's address with the token, holds no capability and is told the opener's
+    socket. Off: no opener, no capability, no mount, and the publisher is told so."""
     def pod_of(*sets: str) -> dict:
         return one(render(*sets), "DaemonSet")["spec"]["template"]["spec"]
 
     pod = pod_of()
-    for c in pod["containers"] + pod["initContainers"]:
-        caps = c["securityContext"]["capabilities"]
-        assert caps["drop"] == ["ALL"], c["name"]
-        assert caps.get("add", []) == (["SYS_ADMIN"] if c["name"] == "publisher" else []), c["name"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    everyone = pod["containers"] + pod["initContainers"]
+    for c in everyone:
+        token = any(m["mountPath"] == TOKEN_PATH for m in c.get("volumeMounts", []))
+        if c.get("ports") or token or "--metrics-address" in " ".join(c.get("args", [])):
+            assert added_capabilities(c) == [], c["name"]
+    [opener] = [c for c in everyone if added_capabilities(c)]
+    assert opener["name"] == "netns-opener" and added_capabilities(opener) == ["SYS_ADMIN"]
+    assert not opener.get("ports") and not opener.get("env") and not opener.get("envFrom")
+    assert opener["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert opener["securityContext"]["appArmorProfile"] == {"type": "RuntimeDefault"}
+    assert opener["securityContext"]["readOnlyRootFilesystem"] is True
+    assert opener["securityContext"]["allowPrivilegeEscalation"] is False
+    mounts = {m["name"]: m for m in opener["volumeMounts"]}
+    assert set(mounts) == {"netns", "netns-opener"}
+    assert mounts["netns"] == {"name": "netns", "mountPath": "/var/run/netns", "readOnly": True,
+                               "mountPropagation": "HostToContainer"}
+    assert volumes["netns"]["hostPath"]["path"] == "/var/run/netns"
+    assert volumes["netns-opener"] == {"name": "netns-opener", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+    assert pod["automountServiceAccountToken"] is False
+    socket = next(a for a in opener["args"] if a.startswith("--socket="))[len("--socket="):]
+    assert os.path.dirname(socket) == mounts["netns-opener"]["mountPath"]
+
     publisher = next(c for c in pod["containers"] if c["name"] == "publisher")
-    [mount] = [m for m in publisher["volumeMounts"] if m["name"] == "netns"]
-    assert mount == {"name": "netns", "mountPath": "/var/run/netns", "readOnly": True,
-                     "mountPropagation": "HostToContainer"}
-    assert {v["name"]: v for v in pod["volumes"]}["netns"]["hostPath"]["path"] == "/var/run/netns"
-    assert not any(m["name"] == "netns" for c in pod["containers"] if c["name"] != "publisher"
-                   for m in c["volumeMounts"])
+    assert f"--netns-opener={socket}" in publisher["args"] and "--netns-dir=/var/run/netns" in publisher["args"]
     assert "--no-live-watch" not in publisher["args"]
+    assert {m["name"] for m in publisher["volumeMounts"]} >= {"netns", "netns-opener"}
+    holders = {c["name"] for c in everyone for m in c.get("volumeMounts", []) if m["name"] in ("netns", "netns-opener")}
+    assert holders == {"publisher", "netns-opener"}
+
     moved = pod_of("liveWatch.netnsDir=/run/containerd/io.containerd.grpc.v1.cri/netns")
     assert {v["name"]: v for v in moved["volumes"]}["netns"]["hostPath"]["path"].endswith("cri/netns")
+    moved_opener = next(c for c in moved["containers"] if c["name"] == "netns-opener")
+    assert "--netns-dir=/run/containerd/io.containerd.grpc.v1.cri/netns" in moved_opener["args"]
+    no_apparmor = next(c for c in pod_of("liveWatch.openerAppArmorProfile=")["containers"]
+                       if c["name"] == "netns-opener")
+    assert "appArmorProfile" not in no_apparmor["securityContext"]
+
     off = pod_of("liveWatch.enabled=false")
+    assert [added_capabilities(c) for c in off["containers"] + off["initContainers"]] == [[]] * len(
+        off["containers"] + off["initContainers"])
+    assert "netns-opener" not in {c["name"] for c in off["containers"]}
+    assert not {"netns", "netns-opener"} & {v["name"] for v in off["volumes"]}
     publisher = next(c for c in off["containers"] if c["name"] == "publisher")
-    assert "add" not in publisher["securityContext"]["capabilities"]
-    assert "netns" not in {v["name"] for v in off["volumes"]}
-    assert "--no-live-watch" in publisher["args"]
+    assert "--no-live-watch" in publisher["args"] and not any("--netns" in a for a in publisher["args"])
 
 
 def test_values_reach_the_daemonset() -> None:
@@ -214,9 +251,11 @@ def test_monitors_are_rendered_only_when_enabled() -> None:
 def test_publisher_mounts_nothing_it_does_not_use() -> None:
     pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
     mounts = {c["name"]: {m["name"] for m in c["volumeMounts"]} for c in pod["containers"] + pod["initContainers"]}
-    assert mounts["publisher"] == {"run", "state", "netns", "api-token", "tmp"}  # netns: the live watch
+    # netns: the live watch (read only: a removed netns is let go), netns-opener: the opener's socket.
+    assert mounts["publisher"] == {"run", "state", "netns", "netns-opener", "api-token", "tmp"}
     assert mounts["install"] == {"cni-bin", "cni-conf", "state", "tmp"}  # state: the node lock only
-    assert {c for c, m in mounts.items() if "netns" in m} == {"publisher"}
+    assert mounts["netns-opener"] == {"netns", "netns-opener"}
+    assert {c for c, m in mounts.items() if "netns" in m} == {"publisher", "netns-opener"}
 
 
 def test_generated_manifests_are_not_stale() -> None:
@@ -552,7 +591,7 @@ def test_a_surge_rollout_renders_and_impossible_strategies_are_refused() -> None
                                                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     # A hostNetwork pod's declared port is a host port the scheduler gives one pod only: none is declared,
     # and the Service reaches the listeners by number.
-    assert [c.get("ports") for c in surge["spec"]["template"]["spec"]["containers"]] == [None, None]
+    assert [c.get("ports") for c in surge["spec"]["template"]["spec"]["containers"]] == [None, None, None]
     assert [p["targetPort"] for p in one(docs, "Service")["spec"]["ports"]] == [9464, 9465]
     with pytest.raises(AssertionError, match="values don't meet the specifications"):
         render("updateStrategy.maxSurge=1", "updateStrategy.maxUnavailable=0", "metrics.podMonitor.enabled=true")

@@ -79,10 +79,16 @@ def test_daemonset_as_the_api_server_defaults_it(api_client) -> None:
     # The live-interface watch: the runtime's netns directory, read only, and new namespaces must show up in it.
     assert mounts["netns"]["readOnly"] is True and mounts["netns"]["mountPropagation"] == "HostToContainer"
     assert volumes["netns"]["hostPath"]["path"] == "/var/run/netns"
-    # setns(2) into a pod's netns is the one capability it keeps; nothing else is added back.
-    assert publisher["securityContext"]["capabilities"].get("add") == ["SYS_ADMIN"]
-    assert all(not c["securityContext"]["capabilities"].get("add")
-               for c in pod["containers"][1:] + pod["initContainers"]), "only the publisher keeps a capability"
+    # The publisher, on the node's address with the API token, keeps no capability: setns(2) into a pod's
+    # netns is the netns opener's, its one capability, with seccomp and AppArmor as the API server stores them.
+    assert not publisher["securityContext"]["capabilities"].get("add")
+    opener = next(c for c in pod["containers"] if c["name"] == "netns-opener")
+    assert opener["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    assert opener["securityContext"]["appArmorProfile"]["type"] == "RuntimeDefault"
+    assert opener["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not opener.get("ports") and not opener.get("envFrom")
+    assert all(not c["securityContext"]["capabilities"].get("add") for c in pod["containers"] + pod["initContainers"]
+               if c is not opener), "only the netns opener has a capability"
     assert "cni-bin" not in mounts and "cni-conf" not in mounts  # only the installer and the keeper write those
     keeper = next(c for c in pod["containers"] if c["name"] == "chain-keeper")
     assert {"cni-bin", "cni-conf"} <= {m["name"] for m in keeper["volumeMounts"]}
