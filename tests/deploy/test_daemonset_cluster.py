@@ -122,6 +122,8 @@ def helm_values(files: NodeFiles, cluster: RealCluster, tag: str, port: int) -> 
         "serviceAccount.annotations.owner": "net",
         # No kube-proxy here: the API server as the node sees it.
         "apiServer.host": "127.0.0.1", "apiServer.port": cluster.values["NETCLAIM_APISERVER"].rsplit(":", 1)[1],
+        # This kernel has no AppArmor: the kubelet refuses a pod that asks for a profile.
+        "liveWatch.openerAppArmorProfile": "",
     }
     out = []
     for key, value in sets.items():

@@ -288,6 +288,8 @@ def platform_values(cluster: RealCluster, ports: dict[str, int]) -> dict[str, An
         "metrics": {"port": ports["metrics"], "keeperPort": ports["keeper"], "probePort": ports["probe"],
                     "keeperProbePort": ports["keeperProbe"]},
         "apiServer": {"host": "127.0.0.1", "port": cluster.values["NETCLAIM_APISERVER"].rsplit(":", 1)[1]},
+        # This kernel has no AppArmor: the kubelet refuses a pod that asks for a profile (docs/platforms.md).
+        "liveWatch": {"openerAppArmorProfile": ""},
     }
 
 

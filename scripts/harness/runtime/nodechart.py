@@ -68,6 +68,8 @@ def helm_values(cluster: RealCluster, ports: tuple[int, int], *extra: str) -> li
         "metrics.probeHost": "node",
         # No kube-proxy here: the API server as the nodes see it.
         "apiServer.host": "127.0.0.1",
+        # This kernel has no AppArmor: the kubelet refuses a pod that asks for a profile.
+        "liveWatch.openerAppArmorProfile": "",
     }
     strings = {"image.tag": version(), "cni.pollInterval": "0.5",
                "apiServer.port": cluster.values["NETCLAIM_APISERVER"].rsplit(":", 1)[1]}
