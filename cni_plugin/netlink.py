@@ -23,6 +23,10 @@ NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLM_F_DUMP = 0x300
 NLM_F_DUMP_INTR = 0x10  # set on dump parts when the table changed mid-dump
+SOL_NETLINK = 270
+NETLINK_GET_STRICT_CHK = 12  # Linux 4.20+: a dump request's header filters (ifa_index) are applied
+EINVAL = 22
+ENOPROTOOPT = 92
 MSG_PEEK = 0x2
 MSG_TRUNC = 0x20
 EINTR = 4
@@ -136,6 +140,7 @@ class RtNetlink:
         self.sock = sock
         self.seq = 0
         self._buf = bytearray(self.BUFFER)
+        self._strict: bool | None = None  # None: NETLINK_GET_STRICT_CHK not tried yet on this socket
 
     def _recv(self) -> bytes:
         """One whole datagram (see the class docstring for truncation)."""
@@ -275,17 +280,58 @@ class RtNetlink:
 
     def addresses(self, index: int) -> list[tuple[int, bytes, int]]:
         """(family, packed address, prefix length) of every address on link `index`."""
-        out = []
-        body = _IFADDRMSG.pack(0, 0, 0, 0, 0)
-        for reply in self.request(RTM_GETADDR, body, flags=NLM_F_DUMP):
-            family, prefixlen, _flags, _scope, ifindex = _IFADDRMSG.unpack_from(reply)
-            if ifindex != index:
+        return self.some_addresses(index, 0)[0]
+
+    def some_addresses(self, index: int, limit: int) -> tuple[list[tuple[int, bytes, int]], bool]:
+        """(addresses of link `index`, complete): at most `limit` of them (0: all).
+
+        The kernel is asked for that link's addresses only (NETLINK_GET_STRICT_CHK with
+        ifa_index), so a netns's other interfaces cost nothing; a kernel that refuses it gets
+        the whole dump, filtered here, and then `limit` counts every address read. Past
+        `limit` the reply is not read further and `complete` is False: the dump is left
+        unfinished, so this socket can make no other dump request (the caller replaces it).
+        """
+        strict = self._strict_check()
+        body = _IFADDRMSG.pack(0, 0, 0, 0, index if strict else 0)
+        try:
+            return self._address_dump(body, index, limit)
+        except OSError as exc:
+            if not strict or exc.errno != EINVAL:
+                raise
+            self._strict = False  # the kernel takes the option but not the filter: filter here
+            return self._address_dump(_IFADDRMSG.pack(0, 0, 0, 0, 0), index, limit)
+
+    def _strict_check(self) -> bool:
+        if self._strict is None:
+            try:
+                self.sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+                self._strict = True
+            except OSError as exc:
+                if exc.errno not in (ENOPROTOOPT, EINVAL):
+                    raise
+                self._strict = False
+        return self._strict
+
+    def _address_dump(self, body: bytes, index: int, limit: int) -> tuple[list[tuple[int, bytes, int]], bool]:
+        for _attempt in range(self.DUMP_RETRIES):
+            out: list[tuple[int, bytes, int]] = []
+            read = 0
+            try:
+                for _kind, reply in self._replies(self._send(RTM_GETADDR, NLM_F_DUMP, body), False):
+                    read += 1
+                    if limit and read > limit:
+                        return out, False
+                    family, prefixlen, _flags, _scope, ifindex = _IFADDRMSG.unpack_from(reply)
+                    if ifindex != index:
+                        continue
+                    attrs = parse_attrs(reply, _IFADDRMSG.size)
+                    raw = attrs.get(IFA_LOCAL, attrs.get(IFA_ADDRESS, [b""]))[0]
+                    if raw:
+                        out.append((family, raw, prefixlen))
+                return out, True
+            except DumpInterrupted:
                 continue
-            attrs = parse_attrs(reply, _IFADDRMSG.size)
-            raw = attrs.get(IFA_LOCAL, attrs.get(IFA_ADDRESS, [b""]))[0]
-            if raw:
-                out.append((family, raw, prefixlen))
-        return out
+        raise OSError(EINTR, f"netlink dump interrupted {self.DUMP_RETRIES} times in a row")
 
 
 def parse_cidr(cidr: str) -> tuple[int, bytes, int] | None:

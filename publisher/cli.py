@@ -218,6 +218,11 @@ def api_client_for(kubeconfig: str | None, pool_size: int) -> Any:
               help="Follow each attachment's interface in its pod's netns after ADD: Ready and networkData show "
                    "link down, lost carrier, addresses added or removed (needs CAP_SYS_ADMIN and the netns "
                    "directory; without them the watch is off and says so in /readyz).")
+@click.option("--live-added-addresses", "live_added_addresses", envvar="NETCLAIM_LIVE_ADDED_ADDRESSES",
+              show_envvar=True, multiple=True, metavar="NETWORK",
+              help="A CNI network (its conflist's name) whose interfaces show addresses gained after the ADD "
+                   "(SLAAC, DHCP) in networkData.ips (repeatable; the variable: space-separated). Elsewhere the "
+                   "watch only takes away: the pod's own workload can add any address to its interface.")
 @click.option("--netns-dir", "netns_dirs", envvar="NETCLAIM_NETNS_DIRS", show_envvar=True, multiple=True,
               default=DEFAULT_NETNS_DIRS, show_default=True,
               help="The runtime's directory of pod netns (repeatable; the variable: space-separated). The live "
@@ -235,6 +240,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         verify_spread: float, claim_window: float, max_claim_windows: int, resync_interval: float | None,
         retry_max_delay: float, emit_events: bool, spool_interval: float, driver_names: tuple[str, ...],
         drivers_file: str, unchained_grace: float, durable_commits: str, live_watch: bool,
+        live_added_addresses: tuple[str, ...],
         netns_dirs: tuple[str, ...], netns_opener: str, device_id_attributes: tuple[str, ...],
         **node_lease: Any) -> None:
     """Run the publisher: receive events, journal them, publish claim status."""
@@ -278,6 +284,7 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                         spool_interval=spool_interval, retry_cap=retry_max_delay, emit_events=emit_events,
                         driver_names=driver_names, drivers_file=drivers_file, unchained_grace=unchained_grace,
                         durable_commits=durable, live_watch=live_watch,
+                        live_added_addresses=tuple(live_added_addresses),
                         netns=NetnsAccess(dirs=tuple(netns_dirs), opener=netns_opener),
                         device_id_attributes=id_attributes,
                         node_lease=nodelease.settings_from(node_lease, node_name, kubeconfig))

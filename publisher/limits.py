@@ -47,6 +47,10 @@ API_DOWN_NOT_READY = 60.0  # seconds without any API answer after which /readyz 
 WORKER_RESTART_DELAY = 1.0  # seconds before a crashed worker thread is started again
 POD_WATCH_GRACE = 2.0  # seconds after an event was stamped that its pod may still be on its way in the watch
 MAX_GONE_PODS = 4096  # deleted pods the pod watch remembers (a late DEL still knows what its pod was)
+# Addresses the live-interface watch reads of one interface per read, at most: a pod that puts tens of
+# thousands on its interface costs the watch's one thread (every netns's updates and releases) one
+# bounded read, and its entry shows Ready=False TooManyAddresses instead of what could not be checked.
+LIVE_MAX_ADDRESSES = 64
 # The watches that live as long as the publisher (its node's pods, the keeper's DaemonSet) are renewed
 # after a random 30-60 minutes: every renewal is a request, and 5,000 nodes renewing every 300 s would
 # be 17 requests/s at rest for nothing. A quiet watch still gets a bookmark from the API server every

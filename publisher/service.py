@@ -73,6 +73,7 @@ class Settings:
     unchained_grace: float = 30.0
     durable_commits: bool = False  # fsync every journal commit (publisher/journal/durability.py decides)
     live_watch: bool = True  # follow each attachment's interface in its netns (publisher/live/)
+    live_added_addresses: tuple[str, ...] = ()  # CNI networks whose gained addresses the watch publishes
     netns: NetnsAccess = field(default_factory=NetnsAccess)  # the netns dirs it may open, and the opener if any
     # Slice attributes an event's device ID is matched against (publisher/reconcile/slices.py).
     device_id_attributes: tuple[str, ...] = DEFAULT_DEVICE_ID_ATTRIBUTES
@@ -122,7 +123,8 @@ class Service:
             settings.retry_cap, lambda: self.intake.last_ingest, self.health, self.windows)
         self.pods.observers.append(self.housekeeping.pod_seen)
         self.live_watch = LiveWatch(self.journal, metrics, self.housekeeping.wake.set, self.stopping,
-                              LiveSettings(enabled=settings.live_watch, netns=settings.netns))
+                              LiveSettings(enabled=settings.live_watch,
+                                           report_added=frozenset(settings.live_added_addresses), netns=settings.netns))
         self.rules = Rules(self.journal, self.resolver, self.reconciler, self.report,
                            RuleSettings(settings.resolve_timeout, settings.retry_cap, settings.sibling_hold), self.housekeeping.claim_retry,
                            held=self.housekeeping.held)

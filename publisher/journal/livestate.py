@@ -29,6 +29,7 @@ class Watched:
     claim_name: str
     pod_namespace: str
     pod_name: str
+    network: str = ""  # the CNI network's name: whether addresses gained after the ADD are shown
 
     @property
     def claim(self) -> str:
@@ -42,7 +43,7 @@ class Watched:
 def watched_rows(journal: Journal) -> list[Watched]:
     """Every attachment with a netns path, cheaply (the watch reads this every pass)."""
     rows = journal._read("SELECT container_id, ifname, netns, added, claim_namespace, claim_name, pod_namespace,"
-                         " pod_name FROM attachments"
+                         " pod_name, network FROM attachments"
                          " WHERE netns != ''")
     return [Watched(*row) for row in rows]
 

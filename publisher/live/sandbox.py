@@ -90,23 +90,53 @@ class Sandbox:
             n += 1
 
     def observe(self, ifname: str) -> Observed:
-        """The interface `ifname` now: flags, MAC, global addresses in canonical form."""
+        """The interface `ifname` now: flags, MAC, global addresses in canonical form.
+
+        Bounded whatever the netns holds: at most limits.LIVE_MAX_ADDRESSES addresses are read
+        (`more` says there were others), de-duplicated with a set. A read cut short leaves the
+        kernel's dump unfinished on the reading socket, which then takes no other dump: it is
+        replaced at once (`_renew_reader`), a constant cost instead of reading the rest."""
+        if self.reader is None:
+            self._renew_reader()
         assert self.reader is not None
         link = self.reader.get_link(ifname)
         if link is None:
             return Observed(ifname=ifname, present=False)
+        found, complete = self.reader.some_addresses(link.index, limits.LIVE_MAX_ADDRESSES)
+        if not complete:
+            try:
+                self._renew_reader()
+            except OSError:  # kept reader-less: the next observe tries again, the path check decides
+                pass
         ips: list[str] = []
-        for family, raw, prefixlen in self.reader.addresses(link.index):
+        seen: set[str] = set()
+        for family, raw, prefixlen in found:
             if family == socket.AF_INET6 and raw[0] == 0xFE and raw[1] & 0xC0 == 0x80:
                 continue  # link-local: every IPv6 interface has one; no CNI result names it
             try:
                 cidr = limits.canonical_cidr(format_cidr(family, raw, prefixlen))
             except ValueError:
                 continue
-            if cidr not in ips:
+            if cidr not in seen:
+                seen.add(cidr)
                 ips.append(cidr)
         return Observed(ifname=link.name, present=True, up=bool(link.flags & IFF_UP),
-                        carrier=bool(link.flags & IFF_LOWER_UP), mac=link.mac.lower(), ips=ips)
+                        carrier=bool(link.flags & IFF_LOWER_UP), mac=link.mac.lower(), ips=ips, more=not complete)
+
+    def _renew_reader(self) -> None:
+        """Replace the reading socket with a new one in this same netns, opened the way the sandbox
+        was (its path, checked against the namespace first opened). On failure there is no reader,
+        and the next observe tries again; meanwhile the path check decides whether the netns is gone."""
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        fresh = type(self)(self.path, self.access)
+        try:
+            if fresh.ident != self.ident:
+                raise OSError(errno.ESTALE, f"{self.path} shows another network namespace")
+            self.reader, fresh.reader = fresh.reader, None
+        finally:
+            fresh.close()
 
     def close(self) -> None:
         if self.events is not None:

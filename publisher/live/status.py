@@ -2,11 +2,17 @@
 
 The ADD's entry (publisher/reconcile/mapper.py) is what the CNI result said;
 `Attachment.live` is what the sandbox's netns showed later, when that differs
-(or once it has differed). The entry published is the ADD's with the live
-networkData and, when the interface is not usable, `Ready=False` with the
-reason: a consumer reads one truth, the netns's. `data` stays the ADD's CNI
-result: it is the record of what the network plugins configured, and the
-netns cannot say which plugin set what.
+(or once it has differed). The status says what the network gave the pod, and
+the pod's own workload (NET_ADMIN in its netns) or an RA sender on its L2 can
+put anything on the interface, so the netns may take truth away, never add
+it: the entry published is the ADD's with `Ready=False` and the reason when
+the interface is not usable or no longer the ADD's (another MAC), and the ADD's
+addresses that are still there. `interfaceName` and `hardwareAddress` stay the
+ADD's; an address the interface gained later is shown only for a network the
+operator named (`--live-added-addresses`: SLAAC/DHCP networks), stored apart
+(`added`) so that a value stored by an older publisher, whose `ips` held every
+address seen, shows nothing it gained either. `data` stays the ADD's CNI
+result: it is the record of what the network plugins configured.
 
 Pure functions: the watcher (publisher/live/watcher.py) computes a `live`
 value, the reconciler's plan overlays it. Neither touches the API.
@@ -25,8 +31,10 @@ OK = "Ready"
 INTERFACE_GONE = "InterfaceGone"
 LINK_DOWN = "LinkDown"
 NO_CARRIER = "NoCarrier"
+MAC_CHANGED = "MacChanged"
+TOO_MANY_ADDRESSES = "TooManyAddresses"
 ADDRESS_LOST = "AddressLost"
-REASONS = (INTERFACE_GONE, LINK_DOWN, NO_CARRIER, ADDRESS_LOST)
+REASONS = (INTERFACE_GONE, LINK_DOWN, NO_CARRIER, MAC_CHANGED, TOO_MANY_ADDRESSES, ADDRESS_LOST)
 
 
 @dataclass
@@ -39,6 +47,7 @@ class Observed:
     carrier: bool = False
     mac: str = ""
     ips: list[str] = field(default_factory=list)  # canonical CIDRs, global scope only
+    more: bool = False  # the interface holds more addresses than a read takes (limits.LIVE_MAX_ADDRESSES)
 
 
 def add_truth(entry: dict[str, Any]) -> tuple[str, list[str], str]:
@@ -49,13 +58,18 @@ def add_truth(entry: dict[str, Any]) -> tuple[str, list[str], str]:
 
 def judge(entry: dict[str, Any], seen: Observed) -> tuple[str, str]:
     """(state, message): OK, or the first reason of REASONS that holds."""
-    _name, add_ips, _mac = add_truth(entry)
+    _name, add_ips, add_mac = add_truth(entry)
     if not seen.present:
         return INTERFACE_GONE, f"interface {seen.ifname} is not in the pod's network namespace"
     if not seen.up:
         return LINK_DOWN, f"interface {seen.ifname} is administratively down"
     if not seen.carrier:
         return NO_CARRIER, f"interface {seen.ifname} has no carrier (its peer or lower device is down)"
+    if add_mac and seen.mac != add_mac.lower():
+        return MAC_CHANGED, f"interface {seen.ifname} has MAC {seen.mac}, not {add_mac.lower()} configured at ADD"
+    if seen.more:
+        return TOO_MANY_ADDRESSES, (f"interface {seen.ifname} holds more than {limits.LIVE_MAX_ADDRESSES} addresses:"
+                                    " its addresses are not checked")
     lost = [ip for ip in add_ips if ip not in seen.ips]
     if lost:
         return ADDRESS_LOST, f"address {', '.join(lost)} configured at ADD is no longer on {seen.ifname}"[
@@ -63,43 +77,61 @@ def judge(entry: dict[str, Any], seen: Observed) -> tuple[str, str]:
     return OK, ""
 
 
-def ordered_ips(add_ips: list[str], seen: list[str]) -> list[str]:
-    """The ADD's addresses still present in their order, then new ones sorted: a stable list."""
-    kept = [ip for ip in add_ips if ip in seen]
-    return (kept + sorted(ip for ip in seen if ip not in kept))[: limits.MAX_IPS]
+def kept_ips(add_ips: list[str], seen: list[str] | set[str]) -> list[str]:
+    """The ADD's addresses still present, in the ADD's order."""
+    return [ip for ip in add_ips if ip in seen]
 
 
-def next_live(entry: dict[str, Any], stored: dict[str, Any], seen: Observed, now: str) -> dict[str, Any]:
+def added_ips(add_ips: list[str], seen: list[str]) -> list[str]:
+    """Addresses the interface gained since the ADD, sorted: a stable list."""
+    known = set(add_ips)
+    return sorted(ip for ip in seen if ip not in known)
+
+
+def next_live(entry: dict[str, Any], stored: dict[str, Any], seen: Observed, now: str,
+              report_added: bool = False) -> dict[str, Any]:
     """The `live` value to store after an observation.
 
     {} while nothing ever differed from the ADD: the ADD's entry is the truth and
     nothing is written. Once something differed the observation is kept, so a
     recovery moves Ready's lastTransitionTime instead of reverting to the ADD's.
-    `since` moves only when the state does.
+    `since` moves only when the state does. `ips` holds the ADD's addresses still
+    there; `added` (only with `report_added`, the network's opt-in) what it gained;
+    `mac` is the MAC seen, for the record: the ADD's is the one shown.
     """
-    name, add_ips, mac = add_truth(entry)
+    _name, add_ips, _mac = add_truth(entry)
     state, message = judge(entry, seen)
-    ips = ordered_ips(add_ips, seen.ips) if seen.present else []
-    shown_mac = seen.mac if seen.present else ""
-    if not stored and state == OK and ips == add_ips and shown_mac == mac and seen.ifname == name:
+    ips = kept_ips(add_ips, set(seen.ips)) if seen.present else []
+    added = added_ips(add_ips, seen.ips)[: max(0, limits.MAX_IPS - len(ips))] if seen.present and report_added else []
+    if not stored and state == OK and ips == add_ips and not added:
         return {}
     since = stored.get("since", "") if stored.get("state") == state else now
     if not stored and state == OK:
         since = ""  # addresses changed, never unready: Ready keeps the ADD's transition time
-    return {"state": state, "message": message, "since": since, "ifname": seen.ifname, "ips": ips,
-            "mac": shown_mac}
+    live = {"state": state, "message": message, "since": since, "ifname": seen.ifname, "ips": ips,
+            "mac": seen.mac if seen.present else ""}
+    if added:
+        live["added"] = added
+    return live
+
+
+def shown_ips(add_ips: list[str], live: dict[str, Any]) -> list[str]:
+    """The ADD's addresses the netns still had, then those gained that the network reports."""
+    return (kept_ips(add_ips, set(live.get("ips") or [])) + list(live.get("added") or []))[: limits.MAX_IPS]
 
 
 def shown_entry(entry: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
-    """The entry to publish: the ADD's, with what the netns shows over it."""
+    """The entry to publish: the ADD's, with what the netns took away (see the module docstring)."""
     if not live:
         return entry
     out = dict(entry)
-    net: dict[str, Any] = {"interfaceName": live.get("ifname") or add_truth(entry)[0]}
-    if live.get("ips"):
-        net["ips"] = list(live["ips"])
-    if live.get("mac"):
-        net["hardwareAddress"] = live["mac"]
+    name, add_ips, add_mac = add_truth(entry)
+    net: dict[str, Any] = {"interfaceName": name or live.get("ifname", "")}
+    ips = shown_ips(add_ips, live)
+    if ips:
+        net["ips"] = ips
+    if add_mac and live.get("state") != INTERFACE_GONE:
+        net["hardwareAddress"] = add_mac
     out["networkData"] = net
     conditions = [dict(c) for c in entry.get("conditions") or []]
     ready = next((c for c in conditions if c.get("type") == READY), None)

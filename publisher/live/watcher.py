@@ -75,6 +75,9 @@ class LiveSettings:
     retry_unopenable: float = 30.0  # seconds before a netns path that could not be opened is tried again
     retry_journal: float = 0.5  # seconds before a failed journal step is tried again, doubling per failure ...
     retry_journal_cap: float = 10.0  # ... up to this
+    # CNI networks whose interfaces' addresses gained after the ADD are published (SLAAC/DHCP networks;
+    # --live-added-addresses). Elsewhere the netns only takes away: publisher/live/status.py says why.
+    report_added: frozenset[str] = frozenset()
     netns: NetnsAccess = field(default_factory=NetnsAccess)  # which paths may be opened, and by whom
 
 
@@ -92,7 +95,7 @@ def change_reason(stored: dict[str, Any], new: dict[str, Any]) -> str:
         return new["state"]
     if stored.get("state", OK) != OK:
         return "Recovered"
-    if stored.get("ips") != new.get("ips"):
+    if stored.get("ips") != new.get("ips") or stored.get("added") != new.get("added"):
         return "AddressesChanged"
     if stored.get("mac") != new.get("mac"):
         return "MacChanged"
@@ -479,7 +482,7 @@ class LiveWatch:
             self.log.debug("interface read failed", extra={"component": "live-watch", "error": str(exc),
                                                            **self._fields(row)})
             return None, stored
-        return next_live(entry, stored, seen, now_rfc3339()), stored
+        return next_live(entry, stored, seen, now_rfc3339(), row.network in self.settings.report_added), stored
 
     def _write(self, key: tuple[str, str], now: float) -> None:
         row = self.watch.get(key)
@@ -504,6 +507,7 @@ class LiveWatch:
         self.metrics.interface_changes.labels(reason).inc()
         self.log.info("interface changed in the pod's netns", extra={
             "component": "live-watch", "reason": reason, "state": new.get("state", OK), "ips": new.get("ips", []),
+            "added": new.get("added", []),
             **self._fields(row)})
         self.on_change()
 
