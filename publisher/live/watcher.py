@@ -17,7 +17,11 @@ state always lands at the end of it.
 It never keeps a netns alive: every `sync_interval` each netns path is
 checked against the inode the sockets were opened on, and a sandbox whose
 path is gone has its sockets closed and its attachments retired (the runtime
-removed it; a DEL that never came changes nothing). A path already gone
+removed it; a DEL that never came changes nothing). Reads run between those
+checks on this same thread, and each is bounded whatever the netns holds (at
+most limits.LIVE_MAX_ADDRESSES addresses, about a millisecond: sandbox.py), so
+a pod that fills its netns with addresses delays another netns's release by
+its reads of one pass, not by seconds. A path already gone
 when the watch first opens it (the sandbox died while the publisher was
 down and its DEL was lost) is retired the same way, provided its directory
 is visible (a netns directory not mounted into the publisher's container
