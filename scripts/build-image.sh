@@ -42,7 +42,11 @@
 #
 # Everything is cached under ${NETCLAIM_IMAGE_CACHE:-${XDG_CACHE_HOME:-~/.cache}/netclaim/image}/:
 # the base root file systems by their locked packages and this script, the archive by the hash
-# of its inputs.
+# of its inputs. A key says what a file was built from, not what it holds now: beside each base
+# and archive, FILE.sha256 records its SHA-256 when its build succeeded (before the file is put in
+# place), and a reuse checks it first. A file that differs from its record (the cache is the
+# user's to write: another job, a restored CI cache) is refused, naming it: remove it to rebuild.
+# A file with no record (an older build-image.sh, whose keys differ anyway) is built again, once.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -85,6 +89,32 @@ ensure_packages() {
     if [[ -n "$MULTIARCH" ]]; then ensure_debian_packages "${ARM64_APT_PACKAGES[@]}"; fi
 }
 
+# Whether the cached FILE can be reused as built: true when it matches FILE.sha256, its record;
+# false when it or its record is missing (built again: a record is only ever written with a build);
+# a file that differs from its record stops the build, since only a change after the build explains
+# it, and a silent rebuild would hide that the cache was written by someone else. WHAT names it.
+cached_verified() {
+    local file="$1" what="$2" want
+    [[ -f "$file" ]] || return 1
+    if [[ ! -f "$file.sha256" ]]; then
+        log "$file has no digest record ($file.sha256; a file of an older build-image.sh): building it again"
+        return 1
+    fi
+    want="$(awk 'NR == 1 { print $1 }' "$file.sha256")"
+    [[ -n "$want" && "$(sha256sum <"$file" | cut -d' ' -f1)" == "$want" ]] \
+        || die "cached $what $file does not match the digest recorded when it was built ($file.sha256); remove $file to rebuild"
+}
+
+# A finished build PART put in place as FILE: its record first (of the bytes built), then the file,
+# by rename, so a file in the cache always has a record beside it.
+store_cached() {
+    local part="$1" file="$2"
+    rm -f "$file"
+    printf '%s  %s\n' "$(sha256sum <"$part" | cut -d' ' -f1)" "$(basename "$file")" >"$file.sha256.tmp"
+    mv -f "$file.sha256.tmp" "$file.sha256"
+    mv -f "$part" "$file"
+}
+
 # The locked packages of one image architecture, as lines (what a base's cache key hashes).
 locked_debs() { grep "^$1 " "$ROOT/conf/image/debian.lock"; }
 
@@ -104,7 +134,7 @@ base_rootfs() {
     out="$CACHE/base-$key.tar"
     exec 6>"$CACHE/.lock-base-$key"
     flock 6
-    if [[ ! -f "$out" ]]; then
+    if ! cached_verified "$out" "base root file system"; then
         log "making the base root file system (mmdebstrap, bookworm, $BASE_PACKAGES, from the lock)"
         mirror="$(deb_repo amd64)"
         mmdebstrap --quiet --variant=essential --include="$BASE_PACKAGES" \
@@ -113,7 +143,7 @@ base_rootfs() {
             --customize-hook='rm -rf "$1"/etc/apt/sources.list "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
             bookworm "$out.part.tar" "$mirror" >&2 </dev/null \
             || { rm -f "$out.part.tar"; die "mmdebstrap failed"; }
-        mv "$out.part.tar" "$out"
+        store_cached "$out.part.tar" "$out"
     fi
     printf '%s' "$out"
 }
@@ -127,7 +157,7 @@ base_rootfs_arm64() {
     out="$CACHE/base-arm64-$key.tar"
     exec 6>"$CACHE/.lock-base-$key"
     flock 6
-    if [[ ! -f "$out" ]]; then
+    if ! cached_verified "$out" "arm64 base root file system"; then
         log "making the arm64 base root file system (mmdebstrap extract, bookworm, the locked arm64 packages)"
         mirror="$(deb_repo arm64)"
         if [[ -d /usr/share/mmdebstrap/hooks/merged-usr ]]; then hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr); fi
@@ -153,7 +183,7 @@ base_rootfs_arm64() {
             --extract-hook="$PY -m compileall -qq -s \"\$1\" -p / \"\$1\"/usr/lib/python3.11 || true" \
             bookworm "$out.part.tar" "$mirror" >&2 </dev/null \
             || { rm -f "$out.part.tar"; die "mmdebstrap failed"; }
-        mv "$out.part.tar" "$out"
+        store_cached "$out.part.tar" "$out"
     fi
     printf '%s' "$out"
 }
@@ -263,7 +293,7 @@ main() {
     # the first one's archive. Lock files are per key, so different images still build at once.
     exec 7>"$CACHE/.lock-$key"
     flock 7
-    if [[ -f "$archive" ]]; then
+    if cached_verified "$archive" image; then
         log "cached: $archive"
         printf '%s\n' "$archive"
         return 0
@@ -317,7 +347,7 @@ json.dump(index, open(path, "w"))
 PYEOF
     # Sorted entries, fixed owners and the lock's time: the archive's bytes are the image's.
     tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner -C "$layout" -cf "$archive.tmp" .
-    mv "$archive.tmp" "$archive"
+    store_cached "$archive.tmp" "$archive"
     log "image netclaim:$TAG${MULTIARCH:+ (linux/amd64, linux/arm64)}: $(du -b "$archive" | cut -f1) bytes as an archive"
     printf '%s\n' "$archive"
 }

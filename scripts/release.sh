@@ -24,7 +24,12 @@
 # Nothing is fetched here: the image, the plugins and helm come from the caches under
 # ${XDG_CACHE_HOME:-~/.cache}/netclaim/, keyed by their inputs (a cold image cache builds the
 # image from conf/image/*.lock and the package store, offline once the store holds them; see
-# scripts/build-image.sh). Reproducible: SOURCE_DATE_EPOCH (default: the commit's date) is every
+# scripts/build-image.sh). Those caches are the user's to write, so what is staged is checked, not
+# trusted: each cached image, plugin and SBOM input has a digest record written when its build
+# succeeded (FILE.sha256 beside the image archive, SHA256SUMS in a plugin's entry), which the build
+# scripts check before reusing it and this script checks again on its own copies in the stage; a
+# copy that differs, or has no record, stops the release before anything is checksummed or
+# described. Reproducible: SOURCE_DATE_EPOCH (default: the commit's date) is every
 # file's mtime, the chart archive's entries' mtime and the SBOMs' creation time; files are listed
 # in sorted order. Run twice from the same commit, it writes the same bytes; the image's own
 # times are its lock's, so a cold rebuild of the image gives the same digest too.
@@ -89,6 +94,17 @@ source_facts() {
 }
 
 # ------------------------------------------------------------------ artefacts
+
+# Whether COPY holds the bytes a build recorded for NAME in RECORD (sha256sum's format, written by
+# build-image.sh or build-plugin.sh when that build succeeded): the copy itself is checked, so
+# nothing that changed in the cache after the build script's own check reaches the release.
+check_copy() {
+    local copy="$1" record="$2" name="$3" want
+    [[ -f "$record" ]] || die "$name has no digest record ($record): rebuild it"
+    want="$(awk -v name="$name" '$2 == name { print $1 }' "$record")"
+    [[ -n "$want" && "$(sha256sum <"$copy" | cut -d' ' -f1)" == "$want" ]] \
+        || die "$copy, copied from the build cache, does not match the digest recorded for $name when it was built ($record)"
+}
 
 index_digest() { # index_digest ARCHIVE: the one image index the archive names
     tar -xOf "$1" ./index.json | "$PY" -c '
@@ -188,14 +204,26 @@ main() {
     image="$(env -u SOURCE_DATE_EPOCH "$HERE/build-image.sh" --multi-arch --tag "$VERSION" | tail -n 1)"
     plugin_amd64="$(env -u SOURCE_DATE_EPOCH "$HERE/build-plugin.sh" | tail -n 1)"
     plugin_arm64="$(env -u SOURCE_DATE_EPOCH "$HERE/build-plugin.sh" --arch arm64 | tail -n 1)"
-    digest="$(index_digest "$image")"
-    [[ "$digest" =~ ^sha256:[0-9a-f]{64}$ ]] || die "no image index digest in $image"
 
     name="netclaim-$VERSION"
     cp "$image" "$stage/$name.oci.tar"
+    check_copy "$stage/$name.oci.tar" "$image.sha256" "$(basename "$image")"
+    digest="$(index_digest "$stage/$name.oci.tar")"
+    [[ "$digest" =~ ^sha256:[0-9a-f]{64}$ ]] || die "no image index digest in $image"
     printf '%s\n' "$digest" >"$stage/$name.oci.tar.digest"
-    install -m 0755 "$plugin_amd64" "$stage/$name-linux-amd64"
-    install -m 0755 "$plugin_arm64" "$stage/$name-linux-arm64"
+    # Each plugin with the two files its SBOM is made from, all as recorded in its entry.
+    local arch bin file
+    for arch in amd64 arm64; do
+        if [[ "$arch" == amd64 ]]; then bin="$plugin_amd64"; else bin="$plugin_arm64"; fi
+        install -m 0755 "$bin" "$stage/$name-linux-$arch"
+        check_copy "$stage/$name-linux-$arch" "$(dirname "$bin")/SHA256SUMS" netclaim
+        mkdir -p "$WORK/plugin-$arch"
+        for file in modules.txt build-info.txt; do
+            [[ -f "$(dirname "$bin")/$file" ]] || die "$(dirname "$bin")/$file missing: remove $(dirname "$bin") to rebuild the plugin"
+            cp "$(dirname "$bin")/$file" "$WORK/plugin-$arch/$file"
+            check_copy "$WORK/plugin-$arch/$file" "$(dirname "$bin")/SHA256SUMS" "$file"
+        done
+    done
     log "chart, image.digest $digest"
     package_chart "$digest" "$stage/$name.tgz"
 
@@ -204,12 +232,9 @@ main() {
     "${sbom[@]}" image "$stage/$name.oci.tar" "${common[@]}" --out "$stage/$name.oci.tar.spdx.json"
     "${sbom[@]}" chart "$stage/$name.tgz" "${common[@]}" --image-digest "$digest" --image-name "$name.oci.tar" \
         --out "$stage/$name.tgz.spdx.json"
-    local arch bin
     for arch in amd64 arm64; do
-        if [[ "$arch" == amd64 ]]; then bin="$plugin_amd64"; else bin="$plugin_arm64"; fi
-        [[ -f "$(dirname "$bin")/build-info.txt" ]] || die "$(dirname "$bin")/build-info.txt missing: rebuild the plugin"
         "${sbom[@]}" plugin "$stage/$name-linux-$arch" "${common[@]}" --arch "$arch" \
-            --build-info "$(dirname "$bin")/build-info.txt" --modules "$(dirname "$bin")/modules.txt" \
+            --build-info "$WORK/plugin-$arch/build-info.txt" --modules "$WORK/plugin-$arch/modules.txt" \
             --out "$stage/$name-linux-$arch.spdx.json"
     done
     release_notes "$digest" >"$stage/RELEASE-NOTES.md"

@@ -5,7 +5,9 @@ the plugins and helm come from the build caches, keyed by their inputs). Checked
 themselves: every artefact is there, SHA256SUMS verifies, the chart's values pin the digest of
 the image index in the archive, which holds linux/amd64 and linux/arm64, each SBOM is an SPDX
 2.3 document that describes its artefact (name and SHA-256) and lists what it is made of, the
-notes are the changelog's section, and a second run writes the same bytes.
+notes are the changelog's section, and a second run writes the same bytes. The build caches are the
+user's to write: a cached image archive or plugin changed after its build is refused, naming it, and
+no release is written (on a copy of the archive, or of the plugin's entry, in a cache of the test's own).
 
 Then on the real single-node cluster (scripts/cluster.sh), as an operator without a registry:
 the archive is imported into the node's containerd (scripts/cluster.sh import-image) and its
@@ -279,6 +281,68 @@ def test_a_second_run_reuses_the_builds_and_writes_the_same_bytes(release: Relea
         assert (tmp_path / VERSION / "SHA256SUMS").read_bytes() == release.path("SHA256SUMS").read_bytes()
     finally:
         shutil.rmtree(tmp_path / VERSION, ignore_errors=True)  # another image archive's worth of disk
+
+
+def test_a_cached_image_changed_after_its_build_is_refused_and_nothing_is_released(tmp_path: Path) -> None:
+    build = [str(REPO / "scripts" / "build-image.sh"), "--multi-arch", "--tag", VERSION]
+    proc = subprocess.run(build, capture_output=True, text=True, timeout=3600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    archive = Path(proc.stdout.strip().splitlines()[-1])
+    # A copy of the archive and what its build left beside it, in an image cache of the test's own;
+    # the plugins and helm come from the usual caches, untouched.
+    cache = tmp_path / "image-cache"
+    cache.mkdir()
+    for path in archive.parent.glob(f"{archive.name}*"):
+        shutil.copy2(path, cache / path.name)
+    copy = cache / archive.name
+    env = dict(os.environ, NETCLAIM_IMAGE_CACHE=str(cache))
+    try:
+        # Control: the copy as built is reused, not built again.
+        reused = subprocess.run(build, capture_output=True, text=True, timeout=3600, env=env, check=False)
+        assert reused.returncode == 0, reused.stderr[-4000:]
+        assert f"cached: {copy}" in reused.stderr and reused.stdout.strip().splitlines()[-1] == str(copy)
+
+        with open(copy, "r+b") as fh:  # its last byte changed, as a writer of the cache could
+            fh.seek(-1, os.SEEK_END)
+            last = fh.read(1)
+            fh.seek(-1, os.SEEK_END)
+            fh.write(bytes([last[0] ^ 0x01]))
+        out = tmp_path / "release" / VERSION
+        proc = subprocess.run([str(REPO / "scripts" / "release.sh"), VERSION, "--out", str(out), "--allow-dirty"],
+                              capture_output=True, text=True, timeout=3600, env=env, check=False)
+        assert proc.returncode != 0, f"a changed cached image was released:\n{proc.stderr[-4000:]}"
+        assert f"cached image {copy} does not match the digest recorded when it was built" in proc.stderr, \
+            proc.stderr[-4000:]
+        assert f"remove {copy} to rebuild" in proc.stderr
+        assert not out.exists() and list(out.parent.iterdir()) == [], "something was written for the release"
+    finally:
+        copy.unlink(missing_ok=True)  # an image archive's worth of disk
+
+
+def test_a_cached_plugin_changed_after_its_build_is_refused_and_nothing_is_released(tmp_path: Path) -> None:
+    proc = subprocess.run([str(REPO / "scripts" / "build-plugin.sh")], capture_output=True, text=True, timeout=1800,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    entry = Path(proc.stdout.strip().splitlines()[-1]).parent
+    helm_bin = subprocess.run([str(REPO / "scripts" / "build" / "components.sh"), "helm"], capture_output=True,
+                              text=True, timeout=1800, check=True).stdout.strip().splitlines()[-1]
+    # A cache of the test's own holding a copy of the x86_64 plugin's entry, its executable's last byte
+    # changed; the image's caches are empty and offline, so nothing else is built or fetched.
+    cache = tmp_path / "cache"
+    copy = cache / "netclaim" / "plugin" / entry.name
+    shutil.copytree(entry, copy)
+    data = bytearray((copy / "netclaim").read_bytes())
+    data[-1] ^= 0x01
+    (copy / "netclaim").write_bytes(bytes(data))
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache), HELM=helm_bin, NETCLAIM_OFFLINE="1",
+               NETCLAIM_IMAGE_CACHE=str(tmp_path / "image-cache"), NETCLAIM_PACKAGE_STORE=str(tmp_path / "store"))
+    out = tmp_path / "release" / VERSION
+    proc = subprocess.run([str(REPO / "scripts" / "release.sh"), VERSION, "--out", str(out), "--allow-dirty"],
+                          capture_output=True, text=True, timeout=3600, env=env, check=False)
+    assert proc.returncode != 0, proc.stderr[-4000:]
+    assert f"cached plugin {copy / 'netclaim'} does not match the digest recorded when it was built" in proc.stderr, \
+        proc.stderr[-4000:]
+    assert not out.exists() and list(out.parent.iterdir()) == [], "something was written for the release"
 
 
 # ---------------------------------------------------------------- on the real cluster
