@@ -504,7 +504,8 @@ def test_kubelet_probes_ask_each_process_over_its_own_socket_by_default() -> Non
     asks the container's process over its unix socket in the run dir, where only root can serve; the
     publisher's heartbeat asks the keeper there too, never over TCP."""
     by_name = containers(render("hostPaths.run=/run/netclaim-b"))
-    sockets = {"publisher": "/run/netclaim-b/publisher-probe.sock", "chain-keeper": "/host/netclaim/run/keeper-probe.sock"}
+    sockets = {"publisher": "/run/netclaim-b/publisher-probe.sock",
+               "chain-keeper": "/host/netclaim/run/keeper-probe.sock"}
     for name, socket_path in sockets.items():
         container = by_name[name]
         assert f"--probe-socket={socket_path}" in container["args"], container["args"]

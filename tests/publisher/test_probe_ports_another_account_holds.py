@@ -75,7 +75,8 @@ def test_a_publisher_whose_probe_port_another_account_holds_publishes_names_the_
         said = f"probe port 127.0.0.1:{probe} is held by uid 65534"
         wait_until("the log to name the squatter's uid", lambda: said in pub.logs())
         assert pub.logs().count(said) == 1, "once per streak, not once per try"
-        wait_until("the tries counted", lambda: pub.metric('netclaim_listen_address_taken_total{listener="probe"}') >= 2)
+        taken = 'netclaim_listen_address_taken_total{listener="probe"}'
+        wait_until("the tries counted", lambda: pub.metric(taken) >= 2)
 
         state = wait_until("the heartbeat Lease", lambda: lease_state(api_client, cluster.namespace, pub.node))
         assert state["chained"] != "yes", state
