@@ -21,15 +21,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from publisher_testkit import suffix, wait_until
-from test_live_watch_survives_faults_and_crashes import (
+from livewatch_kit import (
     PodNetns,
+    ip,
     journal_attachment,
     live_state,
+    made_pod_netns,
     pod_netns,
     service,
     start_watch,
 )
+from publisher_testkit import wait_until
 
 from publisher import limits
 from publisher.live.sandbox import Sandbox
@@ -44,10 +46,6 @@ __all__ = ["pod_netns", "service"]  # fixtures, used by name
 ADD_IP = "10.77.0.5/24"  # what the ADD configured (pod_netns's address)
 PLANTED_IP = "192.0.2.66/32"
 PLANTED_MAC = "02:00:5e:00:53:66"
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
 def published(svc: Service, cid: str = "c" * 64) -> dict[str, Any]:
@@ -135,16 +133,8 @@ FLOOD = 10_000  # the kernel adds them in O(n) each: 10,000 take about a second,
 
 @pytest.fixture()
 def second_netns() -> Iterator[PodNetns]:
-    ns = PodNetns(f"lw-{suffix()}")
-    ip("netns", "add", ns.name)
-    try:
-        ip("-n", ns.name, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
-        ip("-n", ns.name, "addr", "add", "10.78.0.5/24", "dev", "eth0")
-        ip("-n", ns.name, "link", "set", "peer0", "up")
-        ns.link("up")
+    with made_pod_netns("lw", "10.78.0.5/24") as ns:
         yield ns
-    finally:
-        ns.remove()
 
 
 def flood(ns: PodNetns, count: int) -> None:

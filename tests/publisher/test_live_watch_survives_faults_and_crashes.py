@@ -14,125 +14,31 @@ DEL keeps its entry for good.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
-import subprocess
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+from livewatch_kit import (
+    CLAIM,
+    PodNetns,
+    dirty,
+    interface_written,
+    ip,
+    journal_attachment,
+    live_state,
+    pod_netns,
+    service,
+    start_watch,
+)
 from publisher_testkit import suffix, wait_until
 
-from cni_plugin.wire import new_order
-from publisher import limits
-from publisher.journal.schema import Attachment
-from publisher.kube.calls import Kube
-from publisher.live.watcher import LiveSettings
-from publisher.observe.metrics import Metrics
-from publisher.service import Service, Settings
+from publisher.service import Service
 
 pytestmark = pytest.mark.netns
 
-CLAIM = ("ns", "claim-a")
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-@dataclass
-class PodNetns:
-    """A pod sandbox's netns with its interface `eth0` (a veth whose peer stays in the netns)."""
-
-    name: str
-
-    @property
-    def path(self) -> str:
-        return f"/var/run/netns/{self.name}"
-
-    def link(self, state: str) -> None:
-        ip("-n", self.name, "link", "set", "eth0", state)
-
-    def mac(self) -> str:
-        out = subprocess.run(["ip", "-n", self.name, "-j", "link", "show", "dev", "eth0"], check=True,
-                             capture_output=True, text=True).stdout
-        return json.loads(out)[0]["address"]
-
-    def remove(self) -> None:
-        """The runtime unmounts and removes the netns; no DEL comes."""
-        subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
-
-
-@pytest.fixture()
-def pod_netns() -> Iterator[PodNetns]:
-    ns = PodNetns(f"lw-{suffix()}")
-    ip("netns", "add", ns.name)
-    try:
-        ip("-n", ns.name, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
-        ip("-n", ns.name, "addr", "add", "10.77.0.5/24", "dev", "eth0")
-        ip("-n", ns.name, "link", "set", "peer0", "up")
-        ns.link("up")
-        yield ns
-    finally:
-        ns.remove()
-
-
-@pytest.fixture()
-def service(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
-    """The publisher's Service, not started: each test spawns the live-watch thread under its supervisor."""
-    monkeypatch.setattr(limits, "JOURNAL_BUSY_TIMEOUT", 0.3)  # read when the journal opens its connection
-    svc = Service(Settings(node_name="node-a", state_dir=str(workdir / "state"), spool_dir=str(workdir / "spool"),
-                           workers=1, emit_events=False), Kube(api_client=None), Metrics())
-    # Short holds and re-reads, so each step of a test takes a fraction of a second.
-    svc.live_watch.settings = LiveSettings(hold=0.2, journal_interval=0.5, retry_unopenable=0.5)
-    yield svc
-    svc.stop()
-
-
-def journal_attachment(svc: Service, netns: str, mac: str = "02:00:00:00:00:01", cid: str = "c" * 64,
-                       claim: tuple[str, str] = CLAIM) -> str:
-    """An attachment as a worker journals it after the ADD, published (its claim clean)."""
-    entry = {"driver": "net.example.com", "pool": "p", "device": "nic0",
-             "networkData": {"interfaceName": "eth0", "ips": ["10.77.0.5/24"], "hardwareAddress": mac},
-             "conditions": [{"type": "Ready", "status": "True", "reason": "NetworkConfigured", "message": "",
-                             "lastTransitionTime": "2026-12-05T00:00:00Z"}]}
-    stamp = new_order()
-    svc.journal.finish(None, upsert=[Attachment(
-        container_id=cid, ifname="eth0", driver="net.example.com", network="podnet", pod_namespace=claim[0],
-        pod_name="pod-" + cid[:6], pod_uid="uid-" + cid[:6], claim_namespace=claim[0], claim_name=claim[1],
-        claim_uid="cuid", pool="p", device="nic0", share_id="", entry=entry, result_hash="h", event_ts=time.time(),
-        stamp=stamp, added=stamp, netns=netns)])
-    svc.journal.clean(*claim)
-    svc.live_watch.attachments_changed()  # what the worker does once the event is committed
-    return cid
-
-
-def live_state(svc: Service, cid: str = "c" * 64) -> str | None:
-    """The interface state the journal holds for the attachment (None: no such attachment)."""
-    rows = svc.journal._read("SELECT live FROM attachments WHERE container_id=?", (cid,))
-    if not rows:
-        return None
-    live: dict[str, Any] = json.loads(rows[0][0]) if rows[0][0] else {}
-    return live.get("state", "Ready")
-
-
-def dirty(svc: Service, claim: tuple[str, str] = CLAIM) -> bool:
-    return any((ns, name) == claim for ns, name, _ in svc.journal.dirty_claims())
-
-
-def start_watch(svc: Service) -> None:
-    svc._spawn("live-watch", svc.live_watch.run)
-    wait_until("the watch to follow the attachment", lambda: svc.live_watch.state()["namespaces"] == 1
-               and svc.live_watch.busy() == 0, timeout=30)
-
-
-def interface_written(svc: Service, state: str) -> bool:
-    """The journal holds `state` and the claim is marked for its reconcile (the apply follows)."""
-    return live_state(svc) == state and dirty(svc)
+__all__ = ["pod_netns", "service"]  # fixtures, used by name
 
 
 def test_a_link_change_during_a_journal_fault_lands_when_the_journal_is_back(service: Service,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from livewatch_kit import PodNetns, ip, made_pod_netns
 from publisher_testkit import BIN, suffix, wait_until
 
 pytestmark = pytest.mark.netns
@@ -57,30 +58,10 @@ while time.monotonic() < deadline:
 """
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-@dataclass
-class PodNetns:
-    name: str
-
-    @property
-    def path(self) -> str:
-        return f"/var/run/netns/{self.name}"
-
-
 @pytest.fixture()
 def pod_netns() -> Iterator[PodNetns]:
-    ns = PodNetns(f"nso-{suffix()}")
-    ip("netns", "add", ns.name)
-    try:
-        ip("-n", ns.name, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
-        ip("-n", ns.name, "link", "set", "peer0", "up")
-        ip("-n", ns.name, "link", "set", "eth0", "up")
+    with made_pod_netns("nso", None) as ns:
         yield ns
-    finally:
-        subprocess.run(["ip", "netns", "del", ns.name], check=False, capture_output=True)
 
 
 @dataclass
