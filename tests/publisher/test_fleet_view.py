@@ -601,6 +601,14 @@ def run_fleet_process(argv: list[str], terminal: bool = False) -> subprocess.Com
     return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False)
 
 
+def delete_nodes(core: client.CoreV1Api, nodes: tuple[str, ...]) -> None:
+    for name in nodes:
+        try:
+            core.delete_node(name)
+        except client.exceptions.ApiException:
+            pass
+
+
 @pytest.mark.controlplane
 def test_a_nodes_lease_cannot_write_escapes_to_the_operators_terminal(control_plane, api_client, cluster) -> None:
     """A compromised node may write its own Lease (the admission policy allows it): a version that clears
@@ -627,11 +635,7 @@ def test_a_nodes_lease_cannot_write_escapes_to_the_operators_terminal(control_pl
         doc = json.loads(run_fleet_process([*args, "-o", "json"]).stdout)
         assert {r["node"]: r["version"] for r in doc["nodes"]} == {nodes[0]: f"0.2.0{attack}", nodes[1]: "9.9.9"}
     finally:
-        for name in nodes:
-            try:
-                core.delete_node(name)
-            except client.exceptions.ApiException:
-                pass
+        delete_nodes(core, nodes)
 
 
 @pytest.mark.controlplane
@@ -664,8 +668,4 @@ def test_fleet_judges_whose_a_lease_is_and_whether_it_is_fresh_by_its_own_rules(
         assert json.loads(ran.stdout)["summary"] | {"nodes": 3, "ok": 1, "stale": 2, "foreign": 1} == json.loads(
             ran.stdout)["summary"]
     finally:
-        for name in nodes:
-            try:
-                core.delete_node(name)
-            except client.exceptions.ApiException:
-                pass
+        delete_nodes(core, nodes)
