@@ -197,6 +197,10 @@ cmd_containerd_start() {
     alive "$DIR/containerd.pid" && return 0
     start_containerd
     # dranet's NRI connection died with the old containerd: it needs a new one.
-    if [[ "${WITH_DRANET:-0}" == 1 ]]; then stop_dranet; start_dranet; fi
+    if [[ "${WITH_DRANET:-0}" == 1 ]]; then
+        log "containerd answers; restarting dranet, whose NRI connection died with the old containerd"
+        stop_dranet
+        start_dranet
+    fi
     return 0
 }

@@ -116,8 +116,11 @@ start_containerd() {
     log "starting containerd $("$CONTAINERD" --version | awk '{print $3}')"
     PATH="$DIR/bin:$PATH" start containerd "$DIR/bin/containerd" --config "$CTD/config.toml"
     local i
+    # Each look is bounded: a containerd that accepts the connection but does not answer yet (busy
+    # restoring its sandboxes on a loaded machine) must cost this loop one look, not the caller's
+    # whole budget.
     for i in $(seq 1 150); do
-        "$CTR" --address "$CTD/containerd.sock" version >/dev/null 2>&1 && return 0
+        "$CTR" --address "$CTD/containerd.sock" --connect-timeout 2s --timeout 5s version >/dev/null 2>&1 && return 0
         alive "$DIR/containerd.pid" || { tail -20 "$DIR/containerd.log" >&2; die "containerd exited"; }
         sleep 0.2
     done
