@@ -14,6 +14,13 @@ import _struct
 
 from . import posixos as os
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable, Iterator
+    from typing import TypeVar
+
+    T = TypeVar("T")
+
 AF_NETLINK = 16
 NETLINK_ROUTE = 0
 
@@ -201,9 +208,14 @@ class RtNetlink:
         single = not flags & (NLM_F_ACK | NLM_F_DUMP)
         if not flags & NLM_F_DUMP:
             return [b for _k, b in self._replies(self._send(kind, flags, body), single)]
+        return self._dump(kind, flags, body, lambda replies: [b for _k, b in replies])
+
+    def _dump(self, kind: int, flags: int, body: bytes, collect: Callable[[Iterator[tuple[int, bytes]]], T]) -> T:
+        """`collect` over a dump's replies, from the start again while the kernel says the table
+        changed mid-dump (DUMP_RETRIES times at most)."""
         for _attempt in range(self.DUMP_RETRIES):
             try:
-                return [b for _k, b in self._replies(self._send(kind, flags, body), False)]
+                return collect(self._replies(self._send(kind, flags, body), False))
             except DumpInterrupted:
                 continue
         raise OSError(EINTR, f"netlink dump interrupted {self.DUMP_RETRIES} times in a row")
@@ -279,8 +291,9 @@ class RtNetlink:
     # ------------------------------------------------------------------ addresses
 
     def addresses(self, index: int) -> list[tuple[int, bytes, int]]:
-        """(family, packed address, prefix length) of every address on link `index`."""
-        return self.some_addresses(index, 0)[0]
+        """(family, packed address, prefix length) of every address on link `index`: the whole dump,
+        filtered here (the plugin's way: its socket is never switched to strict checking)."""
+        return self._address_dump(_IFADDRMSG.pack(0, 0, 0, 0, 0), index, 0)[0]
 
     def some_addresses(self, index: int, limit: int) -> tuple[list[tuple[int, bytes, int]], bool]:
         """(addresses of link `index`, complete): at most `limit` of them (0: all).
@@ -313,25 +326,21 @@ class RtNetlink:
         return self._strict
 
     def _address_dump(self, body: bytes, index: int, limit: int) -> tuple[list[tuple[int, bytes, int]], bool]:
-        for _attempt in range(self.DUMP_RETRIES):
+        def collect(replies: Iterator[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes, int]], bool]:
             out: list[tuple[int, bytes, int]] = []
-            read = 0
-            try:
-                for _kind, reply in self._replies(self._send(RTM_GETADDR, NLM_F_DUMP, body), False):
-                    read += 1
-                    if limit and read > limit:
-                        return out, False
-                    family, prefixlen, _flags, _scope, ifindex = _IFADDRMSG.unpack_from(reply)
-                    if ifindex != index:
-                        continue
-                    attrs = parse_attrs(reply, _IFADDRMSG.size)
-                    raw = attrs.get(IFA_LOCAL, attrs.get(IFA_ADDRESS, [b""]))[0]
-                    if raw:
-                        out.append((family, raw, prefixlen))
-                return out, True
-            except DumpInterrupted:
-                continue
-        raise OSError(EINTR, f"netlink dump interrupted {self.DUMP_RETRIES} times in a row")
+            for read, (_kind, reply) in enumerate(replies, 1):
+                if limit and read > limit:
+                    return out, False
+                family, prefixlen, _flags, _scope, ifindex = _IFADDRMSG.unpack_from(reply)
+                if ifindex != index:
+                    continue
+                attrs = parse_attrs(reply, _IFADDRMSG.size)
+                raw = attrs.get(IFA_LOCAL, attrs.get(IFA_ADDRESS, [b""]))[0]
+                if raw:
+                    out.append((family, raw, prefixlen))
+            return out, True
+
+        return self._dump(RTM_GETADDR, NLM_F_DUMP, body, collect)
 
 
 def parse_cidr(cidr: str) -> tuple[int, bytes, int] | None:
