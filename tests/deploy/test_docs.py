@@ -432,3 +432,125 @@ def test_the_internal_history_check_sees_what_it_forbids() -> None:
                  "fixed by the product brief"):
         assert INTERNAL.search(text), text
     assert not INTERNAL.search("32 ABBA rounds; containerd/containerd#8426; poll with the brief status")
+
+
+# ---------------------------------------------------------------- tables that list what the code has
+
+
+VALUES_TABLE_HEADER = "| value | default | meaning |"
+
+
+def table_under(body: str, header: str) -> list[list[str]]:
+    """The rows of the table whose header line is `header` (the header left out)."""
+    lines = body.splitlines()
+    start = lines.index(header)
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return table_rows("\n".join(rows))
+
+
+def value_keys(values: dict, prefix: str = "") -> list[str]:
+    """Every key of the chart's values, dotted (`metrics.podMonitor.labels`), parents before children."""
+    keys = []
+    for name, value in values.items():
+        keys.append(prefix + name)
+        if isinstance(value, dict):
+            keys += value_keys(value, f"{prefix}{name}.")
+    return keys
+
+
+def undocumented_values(values: dict, table: list[list[str]]) -> list[str]:
+    """The leaf values no row of the table names: by their dotted name, by a parent's (a row about the whole
+    object, e.g. `resources.publisher`), or as `.leaf` in a row that names a sibling (`(.labels)`)."""
+    named, relative = set(), set()
+    for row in table:
+        cell = row[0]
+        full = re.findall(r"`([A-Za-z][\w.]*)`", cell)
+        named |= set(full)
+        relative |= {f"{key.rpartition('.')[0]}.{leaf}" for key in full if "." in key
+                     for leaf in re.findall(r"`\.(\w+)`", cell)}
+    leaves = [k for k in value_keys(values) if not any(other.startswith(k + ".") for other in value_keys(values))]
+    covered = named | relative
+
+    def documented(key: str) -> bool:
+        parts = key.split(".")
+        return any(".".join(parts[:n]) in covered for n in range(1, len(parts) + 1))
+
+    return [key for key in leaves if not documented(key)]
+
+
+def test_the_install_values_table_names_every_value_of_the_chart() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    table = table_under(INSTALL_MD.read_text(), VALUES_TABLE_HEADER)
+    missing = undocumented_values(values, table)
+    assert not missing, f"docs/install.md's values table lacks these chart values: {missing}"
+
+
+def test_the_values_table_check_finds_a_value_the_table_lacks() -> None:
+    values = {"metrics": {"port": 1, "keeperPort": 2, "podMonitor": {"enabled": False, "labels": {}}},
+              "resources": {"publisher": {"requests": {"cpu": "5m"}}}, "apf": {"enabled": True}}
+    table = [["`metrics.port`", "1", ""], ["`metrics.podMonitor.enabled` (`.labels`)", "", ""],
+             ["`resources.publisher`", "", ""]]
+    assert undocumented_values(values, table) == ["metrics.keeperPort", "apf.enabled"]
+    assert undocumented_values(values, [*table, ["`metrics.keeperPort`", "", ""], ["`apf`", "", ""]]) == []
+
+
+# Where the publisher and the chain keeper name an Event's reason: the recorder's and reporter's warn
+# methods (the reason is their first string argument), the resolver's Unresolvable (its second), the rules'
+# give-up (`event_reason`) and the constants named *REASON.
+EVENT_CALLS = {"warn": 1, "warn_node": 1, "warn_claim": 2, "warn_attachment": 1, "Unresolvable": 1, "_fail": 4}
+REASON_WORD = re.compile(r"[A-Z][a-z]+(?:[A-Z]+[a-z]*)*")
+
+
+def event_reasons_in(source: str) -> set[str]:
+    """The Warning Event reasons a module's code can post (string constants in the places above)."""
+    import ast
+
+    found: set[str] = set()
+
+    def take(node: ast.AST | None) -> None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and REASON_WORD.fullmatch(node.value):
+            found.add(node.value)
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in EVENT_CALLS and len(node.args) > EVENT_CALLS[name]:
+                take(node.args[EVENT_CALLS[name]])
+            for kw in node.keywords:
+                if kw.arg in ("event_reason", "reason") and name in EVENT_CALLS:
+                    take(kw.value)
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith("REASON")
+                                                  for t in node.targets):
+            take(node.value)
+    return found
+
+
+def event_reasons() -> set[str]:
+    found: set[str] = set()
+    for path in sorted((REPO / "publisher").rglob("*.py")):
+        found |= event_reasons_in(path.read_text())
+    return found
+
+
+def test_the_event_reason_finder_sees_each_way_the_code_names_a_reason() -> None:
+    reasons = event_reasons()
+    # one of each way: a keeper's recorder call, the spool's warn_node, the resolver's Unresolvable, the
+    # reconciler's warn_claim, the rules' give-up, a constant
+    assert {"ChainContested", "SpoolOverflow", "AllocatedToOtherNode", "ApplyRejected", "InvalidEntry",
+            "NetclaimNotChained", "Unresolvable"} <= reasons, reasons
+    assert event_reasons_in('REASON_X = "NotAReason"\nlog.warning("SomeWord")\n') == set()
+
+
+@pytest.mark.parametrize("doc, heading, header", [
+    ("troubleshooting.md", "## Events", "| reason | means | on |"),
+    ("publisher.md", "## Observability", "| reason | when | regarding |")])
+def test_the_warning_events_table_lists_every_reason_the_code_posts(doc: str, heading: str, header: str) -> None:
+    body = section((REPO / "docs" / doc).read_text(), heading)
+    documented = {row[0].strip("`") for row in table_under(body, header)}
+    posted = event_reasons()
+    assert documented == posted, (f"docs/{doc} {heading!r}: lacks {sorted(posted - documented)}, "
+                                  f"names reasons no code posts: {sorted(documented - posted)}")
