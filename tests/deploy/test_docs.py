@@ -554,3 +554,42 @@ def test_the_warning_events_table_lists_every_reason_the_code_posts(doc: str, he
     posted = event_reasons()
     assert documented == posted, (f"docs/{doc} {heading!r}: lacks {sorted(posted - documented)}, "
                                   f"names reasons no code posts: {sorted(documented - posted)}")
+
+
+def rbac_problems(blocks: list[tuple[str, str]]) -> list[str]:
+    """What is wrong with how a systemd install's commands (doc, block text) grant the publisher's RBAC: the
+    plain `conf/kubernetes/10-rbac.yaml` authorizes the example driver; the chart rendered with the driver
+    the same doc's scripts/install.sh line names authorizes the reader's."""
+    problems: list[str] = []
+    rendered: dict[str, set[str]] = {}
+    for doc, text in blocks:
+        for line in logical_lines(text):
+            if re.search(r"kubectl apply\b.*conf/kubernetes/10-rbac\.yaml", line):
+                problems.append(f"{doc}: applies the example driver's RBAC: {line.strip()}")
+                rendered.setdefault(doc, set())
+            m = re.search(r"helm template .*--set driverName=(\S+).*templates/10-rbac\.yaml.*\| kubectl apply", line)
+            if m:
+                rendered.setdefault(doc, set()).add(m.group(1))
+    for doc, text in blocks:
+        if doc not in rendered:
+            continue  # a doc that shows a step of an install but not its RBAC (docs/multi-network.md)
+        for driver in re.findall(r"scripts/install\.sh .*--driver-name (\S+)", " ".join(logical_lines(text))):
+            if driver not in rendered.get(doc, set()):
+                problems.append(f"{doc}: installs for {driver} but applies no RBAC rendered for it")
+    return problems
+
+
+def test_the_systemd_install_applies_netclaims_rbac_for_the_readers_driver() -> None:
+    blocks = [(b.doc, b.text) for b in all_blocks() if "systemd" in b.modes]
+    assert any("scripts/install.sh" in text for _doc, text in blocks)
+    assert not rbac_problems(blocks)
+
+
+def test_the_rbac_check_finds_the_example_drivers_rbac_applied() -> None:
+    old = ("README.md", ("scripts/install.sh --conflist F --driver-name nic.acme.io\n"
+                         "kubectl apply -f conf/kubernetes/00-namespace.yaml -f conf/kubernetes/10-rbac.yaml\n"))
+    assert len(rbac_problems([old])) == 2
+    good = ("README.md", ("scripts/install.sh --conflist F --driver-name nic.acme.io\nhelm template netclaim "
+                          "conf/helm/netclaim --set driverName=nic.acme.io --show-only templates/10-rbac.yaml | "
+                          "kubectl apply -f -\n"))
+    assert rbac_problems([good]) == []
