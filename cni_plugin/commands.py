@@ -87,9 +87,31 @@ def cmd_add(env: Env, conf: NetConf, log: Log) -> dict[str, Any]:
             # Report-only: a missing MAC/MTU must not fail the pod; report what we have.
             log.warning("interface read-back failed", error=exc.msg)
     _check_device_id(conf, current, index, log)
-    outcome = handoff.deliver(_event("ADD", env, conf, result=current), conf, log, may_fail=True)
-    log.info("ADD done", handoff=outcome)
+    unusable = _unusable_addresses(env, conf, current, index, log)
+    outcome = handoff.deliver(_event("ADD", env, conf, result=current, unusable_ips=unusable or None), conf, log,
+                              may_fail=True)
+    log.info("ADD done", handoff=outcome, **({"unusableAddresses": unusable} if unusable else {}))
     return results.from_current(current, conf.cni_version)
+
+
+def _unusable_addresses(env: Env, conf: NetConf, current: dict[str, Any], index: int | None,
+                        log: Log) -> dict[str, str]:
+    """The result's addresses of CNI_IFNAME that the interface cannot use yet (IPv6 DAD) or at all.
+
+    The entry lists only usable addresses: consumers send traffic to them. Reading them takes one
+    entry into the netns and one address dump; a failed read changes nothing about the ADD (the
+    entry then lists the result's addresses, and the live watch judges them).
+    """
+    cidrs = results.addresses_for(current, index)
+    if not cidrs or not env.netns:
+        return {}
+    from . import interface
+
+    try:
+        return interface.unusable_addresses(env.netns, env.ifname, cidrs, conf.address_wait)
+    except (CNIError, OSError) as exc:
+        log.warning("address state read failed", error=getattr(exc, "msg", None) or str(exc))
+        return {}
 
 
 def _check_device_id(conf: NetConf, current: dict[str, Any], index: int | None, log: Log) -> None:

@@ -37,6 +37,10 @@ DEFAULT_ACK_TIMEOUT_MS = 1000
 # the event either, the plugin keeps trying the socket this long before the event is lost.
 DEFAULT_HANDOFF_WAIT_MS = 3000
 DEFAULT_SPOOL_MAX_FILES = 1024
+# How long an ADD waits for the result's tentative addresses to finish duplicate address detection.
+# None by default: the ADD reports them tentative and the publisher's live watch publishes each once
+# usable, so a pod's sandbox never waits on DAD; a node without the live watch can wait up to 3 s.
+DEFAULT_ADDRESS_WAIT_MS = 0
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 FAILURE_POLICIES = ("Ignore", "Fail")
 # The entry's top-level settings an installer writes from KEY=VALUE text (the chain keeper, the
@@ -48,6 +52,7 @@ STRING_SETTINGS = ("driverName", "request", "socketPath", "spoolDir", "stateDir"
 INT_SETTINGS = {  # key: (lowest, highest) accepted
     "ackTimeoutMs": (1, 60000),
     "handoffWaitMs": (0, 60000),
+    "addressWaitMs": (0, 3000),
     "spoolMaxFiles": (1, 1 << 24),
     "spoolMaxBytes": (4096, 1 << 40),
 }
@@ -268,7 +273,7 @@ class NetConf:
     """The `"type": "netclaim"` entry of a conflist, as the runtime passed it."""
 
     __slots__ = ("cni_version", "name", "driver", "request", "device_id", "socket_path", "spool_dir", "state_dir",
-                 "log_file", "failure_policy", "ack_timeout", "handoff_wait", "spool_max_files", "spool_max_bytes", "interface",
+                 "log_file", "failure_policy", "ack_timeout", "handoff_wait", "address_wait", "spool_max_files", "spool_max_bytes", "interface",
                  "prev_result", "raw")
 
     def __init__(self, cni_version: str, name: str, driver: str, request: str = "",
@@ -289,6 +294,7 @@ class NetConf:
         self.failure_policy = failure_policy
         self.ack_timeout = ack_timeout
         self.handoff_wait = DEFAULT_HANDOFF_WAIT_MS / 1000
+        self.address_wait = DEFAULT_ADDRESS_WAIT_MS / 1000
         self.spool_max_files = DEFAULT_SPOOL_MAX_FILES
         self.spool_max_bytes = DEFAULT_SPOOL_MAX_BYTES
         self.interface = interface
@@ -497,6 +503,9 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
     wait = _setting(raw, "handoffWaitMs")
     if wait is not None:
         conf.handoff_wait = wait / 1000
+    wait = _setting(raw, "addressWaitMs")
+    if wait is not None:
+        conf.address_wait = wait / 1000
     conf.spool_max_files = _setting(raw, "spoolMaxFiles") or DEFAULT_SPOOL_MAX_FILES
     conf.spool_max_bytes = _setting(raw, "spoolMaxBytes") or DEFAULT_SPOOL_MAX_BYTES
     conf.interface = parse_interface(raw.get("interface"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from . import posixos as os
 from .config import InterfaceConf, sysctl_path_parts
 from .errors import INTERFACE_NOT_FOUND, INVALID_NETWORK_CONFIG, IO_FAILURE, UNKNOWN_CONTAINER, CNIError
-from .netlink import Link, RtNetlink, format_cidr, parse_cidr
+from .netlink import TENTATIVE, Link, RtNetlink, format_cidr, ipv6_address_events, parse_cidr, unusable
 from .netns import NetNS
 
 TYPE_CHECKING = False
@@ -82,6 +82,63 @@ def read_back(netns: str, ifname: str) -> Link:
             return _find(nl, ifname, netns)
     except OSError as exc:
         raise _open_error(netns, exc) from None
+
+
+def unusable_addresses(netns: str, ifname: str, cidrs: list[str], wait: float) -> dict[str, str]:
+    """Which of the result's addresses `cidrs` CNI_IFNAME holds but cannot use: {cidr as the result
+    writes it: "tentative" | "dadfailed" | "deprecated"} (netlink.unusable); {} when all are usable.
+
+    An IPv6 address is tentative from when it is added until duplicate address detection ends (1 to
+    2 s with the kernel's defaults, unless the primary plugin waited for it), and DAD-failed for good
+    if another host on the link holds it. The publisher leaves such an address out of the entry and
+    says why in Ready. While one is tentative and `wait` (addressWaitMs) is left, the kernel's
+    address notifications are awaited, so a DAD that ends within it is the ADD's news; past it the
+    publisher's live watch follows the address (docs/plugin.md "What the entry says").
+    An address the interface does not hold is not judged here: the live watch reports it lost.
+    """
+    wanted = {}
+    for cidr in cidrs:
+        parsed = parse_cidr(cidr)
+        if parsed is not None:
+            wanted[parsed] = cidr
+    if not wanted:
+        return {}
+    import time  # only a wait needs a clock
+
+    deadline = time.monotonic() + wait
+    with _Inside(netns), RtNetlink() as nl:
+        link = _find(nl, ifname, netns)
+        events = None
+        try:
+            while True:
+                found = _judged(nl, link.index, wanted)
+                left = deadline - time.monotonic()
+                if TENTATIVE not in found.values() or left <= 0:
+                    return found
+                if events is None:  # subscribe, then read again: a DAD that ended meanwhile is not missed
+                    events = ipv6_address_events()
+                    continue
+                events.settimeout(left)
+                try:
+                    events.recv(65536)  # its content does not matter: the next read takes the whole state
+                except TimeoutError:
+                    pass
+                except OSError as exc:
+                    if exc.errno != 105:  # ENOBUFS: notifications overflowed, a change all the same
+                        raise
+        finally:
+            if events is not None:
+                events.close()
+
+
+def _judged(nl: RtNetlink, index: int, wanted: dict[tuple[int, bytes, int], str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for family, raw, prefixlen, flags in nl.addresses(index):
+        cidr = wanted.get((family, raw, prefixlen))
+        why = unusable(flags)
+        if cidr is not None and why:
+            found[cidr] = why
+    return found
 
 
 def _set_error(field: str, exc: OSError) -> CNIError:
@@ -255,7 +312,7 @@ def verify(netns: str, ifname: str, expected_mac: str | None, addresses: list[st
             return [f"interface {ifname} is missing"]
         if expected_mac and expected_mac.lower() != link.mac:
             problems.append(f"mac is {link.mac}, prevResult says {expected_mac.lower()}")
-        present = {(f, raw, plen) for f, raw, plen in nl.addresses(link.index)}
+        present = {(f, raw, plen) for f, raw, plen, _flags in nl.addresses(link.index)}
         for cidr in addresses:
             parsed = parse_cidr(cidr)
             if parsed is None or parsed not in present:

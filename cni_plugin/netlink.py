@@ -58,10 +58,21 @@ IFLA_EXT_MASK = 29
 IFLA_PROP_LIST = 52
 IFLA_ALT_IFNAME = 53
 RTEXT_FILTER_SKIP_STATS = 1 << 3
+RTMGRP_IPV6_IFADDR = 0x100  # told when an IPv6 address is added, removed or changes flags (DAD's outcome)
 
 IFA_ADDRESS = 1
 IFA_LOCAL = 2
+IFA_FLAGS = 8  # u32: all of an address's flags (ifa_flags, one byte, holds only the low eight)
 IFF_UP = 0x1
+
+# An address's flags that make it unusable, in the order an address is judged by them.
+IFA_F_DADFAILED = 0x08  # duplicate address detection found another host holding it
+IFA_F_TENTATIVE = 0x40  # duplicate address detection has not finished: not yet the interface's
+IFA_F_DEPRECATED = 0x20  # its preferred lifetime ended: not for new connections
+DADFAILED = "dadfailed"
+TENTATIVE = "tentative"
+DEPRECATED = "deprecated"
+UNUSABLE = ((IFA_F_DADFAILED, DADFAILED), (IFA_F_TENTATIVE, TENTATIVE), (IFA_F_DEPRECATED, DEPRECATED))
 
 _NLMSGHDR = _struct.Struct("=IHHII")
 _IFINFOMSG = _struct.Struct("=BxHiII")
@@ -290,12 +301,12 @@ class RtNetlink:
 
     # ------------------------------------------------------------------ addresses
 
-    def addresses(self, index: int) -> list[tuple[int, bytes, int]]:
-        """(family, packed address, prefix length) of every address on link `index`: the whole dump,
-        filtered here (the plugin's way: its socket is never switched to strict checking)."""
+    def addresses(self, index: int) -> list[tuple[int, bytes, int, int]]:
+        """(family, packed address, prefix length, flags) of every address on link `index`: the whole
+        dump, filtered here (the plugin's way: its socket is never switched to strict checking)."""
         return self._address_dump(_IFADDRMSG.pack(0, 0, 0, 0, 0), index, 0)[0]
 
-    def some_addresses(self, index: int, limit: int) -> tuple[list[tuple[int, bytes, int]], bool]:
+    def some_addresses(self, index: int, limit: int) -> tuple[list[tuple[int, bytes, int, int]], bool]:
         """(addresses of link `index`, complete): at most `limit` of them (0: all).
 
         The kernel is asked for that link's addresses only (NETLINK_GET_STRICT_CHK with
@@ -325,22 +336,50 @@ class RtNetlink:
                 self._strict = False
         return self._strict
 
-    def _address_dump(self, body: bytes, index: int, limit: int) -> tuple[list[tuple[int, bytes, int]], bool]:
-        def collect(replies: Iterator[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes, int]], bool]:
-            out: list[tuple[int, bytes, int]] = []
+    def _address_dump(self, body: bytes, index: int, limit: int) -> tuple[list[tuple[int, bytes, int, int]], bool]:
+        def collect(replies: Iterator[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes, int, int]], bool]:
+            out: list[tuple[int, bytes, int, int]] = []
             for read, (_kind, reply) in enumerate(replies, 1):
                 if limit and read > limit:
                     return out, False
-                family, prefixlen, _flags, _scope, ifindex = _IFADDRMSG.unpack_from(reply)
+                family, prefixlen, flags, _scope, ifindex = _IFADDRMSG.unpack_from(reply)
                 if ifindex != index:
                     continue
                 attrs = parse_attrs(reply, _IFADDRMSG.size)
                 raw = attrs.get(IFA_LOCAL, attrs.get(IFA_ADDRESS, [b""]))[0]
+                wide = attrs.get(IFA_FLAGS, [b""])[0]
+                if len(wide) >= _U32.size:  # Linux 3.14+: the whole set (ifa_flags holds the low byte)
+                    flags = _U32.unpack_from(wide)[0]
                 if raw:
-                    out.append((family, raw, prefixlen))
+                    out.append((family, raw, prefixlen, flags))
             return out, True
 
         return self._dump(RTM_GETADDR, NLM_F_DUMP, body, collect)
+
+
+def ipv6_address_events() -> _socket.socket:
+    """A socket told of every IPv6 address change in the current netns: a DAD that ends, either
+    way, is one (the kernel announces the address again with its new flags)."""
+    sock = _socket.socket(AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+    try:
+        sock.bind((0, RTMGRP_IPV6_IFADDR))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def unusable(flags: int) -> str:
+    """Why an address with these flags cannot be used ("dadfailed", "tentative", "deprecated"), or "".
+
+    A tentative address does not answer yet and a DAD-failed one never will (the kernel marks it
+    both); a deprecated one still answers but is on its way out. Consumers send traffic to what an
+    entry lists, so none of them is listed.
+    """
+    for bit, name in UNUSABLE:
+        if flags & bit:
+            return name
+    return ""
 
 
 def parse_cidr(cidr: str) -> tuple[int, bytes, int] | None:

@@ -216,6 +216,7 @@ class Event(_Record):
         "event_id": "",
         "version": WIRE_VERSION,
         "order": None,
+        "unusable_ips": None,
     }
     __slots__ = tuple(FIELDS)
 
@@ -236,6 +237,9 @@ class Event(_Record):
     event_id: str
     version: int  # as sent: 1..WIRE_VERSION_MAX
     order: list | None
+    # ADD only: the result's addresses the interface held but could not use when the plugin looked,
+    # {address as the result writes it: "tentative" | "dadfailed" | "deprecated"} (cni_plugin/netlink.py)
+    unusable_ips: dict | None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
@@ -253,6 +257,8 @@ class Event(_Record):
         out = {name: getattr(self, name) for name in self.FIELDS}
         if not self.device_id:  # sent only when there is one: every other event stays as before
             del out["device_id"]
+        if not self.unusable_ips:  # likewise: an older publisher never sees it unless there is news in it
+            del out["unusable_ips"]
         if self.pod is not None:
             out["pod"] = self.pod.to_dict()
         return out
@@ -304,6 +310,10 @@ class Event(_Record):
             raise WireError("event field 'timestamp' must be a number")
         if data.get("device_id") and device_id_problem(data["device_id"]):
             raise WireError(f"event field 'device_id' {device_id_problem(data['device_id'])}")
+        unusable = data.get("unusable_ips")
+        if unusable is not None and not (isinstance(unusable, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in unusable.items())):
+            raise WireError("event field 'unusable_ips' must be an object of address: state strings")
         order = data.get("order")
         if order is not None and not _valid_order(order):
             raise WireError("event field 'order' must be [boot id, boottime ns, wall ns]")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from cni_plugin.netlink import IFF_UP, RtNetlink, format_cidr
+from cni_plugin.netlink import IFF_UP, RtNetlink, format_cidr, unusable
 
 from publisher import limits
 from publisher.live.status import Observed
@@ -90,7 +90,8 @@ class Sandbox:
             n += 1
 
     def observe(self, ifname: str) -> Observed:
-        """The interface `ifname` now: flags, MAC, global addresses in canonical form.
+        """The interface `ifname` now: flags, MAC, global addresses in canonical form, the usable
+        ones apart from those the kernel flags tentative, DAD-failed or deprecated (`unusable`).
 
         Bounded whatever the netns holds: at most limits.LIVE_MAX_ADDRESSES addresses are read
         (`more` says there were others), de-duplicated with a set. A read cut short leaves the
@@ -110,18 +111,23 @@ class Sandbox:
                 pass
         ips: list[str] = []
         seen: set[str] = set()
-        for family, raw, prefixlen in found:
+        unusable_ips: dict[str, str] = {}
+        for family, raw, prefixlen, flags in found:
             if family == socket.AF_INET6 and raw[0] == 0xFE and raw[1] & 0xC0 == 0x80:
                 continue  # link-local: every IPv6 interface has one; no CNI result names it
             try:
                 cidr = limits.canonical_cidr(format_cidr(family, raw, prefixlen))
             except ValueError:
                 continue
-            if cidr not in seen:
+            why = unusable(flags)
+            if why:
+                unusable_ips[cidr] = why
+            elif cidr not in seen:
                 seen.add(cidr)
                 ips.append(cidr)
         return Observed(ifname=link.name, present=True, up=bool(link.flags & IFF_UP),
-                        carrier=bool(link.flags & IFF_LOWER_UP), mac=link.mac.lower(), ips=ips, more=not complete)
+                        carrier=bool(link.flags & IFF_LOWER_UP), mac=link.mac.lower(), ips=ips, more=not complete,
+                        unusable=unusable_ips)
 
     def _renew_reader(self) -> None:
         """Replace the reading socket with a new one in this same netns, opened the way the sandbox

@@ -14,6 +14,14 @@ operator named (`--live-added-addresses`: SLAAC/DHCP networks), stored apart
 address seen, shows nothing it gained either. `data` stays the ADD's CNI
 result: it is the record of what the network plugins configured.
 
+Only a usable address is shown: consumers send traffic to what `networkData.ips` lists, and an
+IPv6 address still in duplicate address detection (tentative), one that failed it (another host
+on the link holds it) or a deprecated one is not. While one of the ADD's addresses is so, the
+entry is Ready=False (`DuplicateAddress`, `AddressDeprecated`, `AddressesPending`) without it.
+The plugin tells the ADD's state (the event's `unusable_ips`: `at_add`), so the first apply is
+already true, and the watch follows the address from there: a DAD that completes is an address
+notification, and the entry becomes Ready with the address.
+
 Pure functions: the watcher (publisher/live/watcher.py) computes a `live`
 value, the reconciler's plan overlays it. Neither touches the API.
 """
@@ -33,8 +41,15 @@ LINK_DOWN = "LinkDown"
 NO_CARRIER = "NoCarrier"
 MAC_CHANGED = "MacChanged"
 TOO_MANY_ADDRESSES = "TooManyAddresses"
+DUPLICATE_ADDRESS = "DuplicateAddress"
 ADDRESS_LOST = "AddressLost"
-REASONS = (INTERFACE_GONE, LINK_DOWN, NO_CARRIER, MAC_CHANGED, TOO_MANY_ADDRESSES, ADDRESS_LOST)
+ADDRESS_DEPRECATED = "AddressDeprecated"
+ADDRESSES_PENDING = "AddressesPending"
+REASONS = (INTERFACE_GONE, LINK_DOWN, NO_CARRIER, MAC_CHANGED, TOO_MANY_ADDRESSES, DUPLICATE_ADDRESS, ADDRESS_LOST,
+           ADDRESS_DEPRECATED, ADDRESSES_PENDING)
+
+# Why the kernel says an address cannot be used (cni_plugin/netlink.py unusable()).
+DADFAILED, TENTATIVE, DEPRECATED = "dadfailed", "tentative", "deprecated"
 
 
 @dataclass
@@ -46,8 +61,9 @@ class Observed:
     up: bool = False
     carrier: bool = False
     mac: str = ""
-    ips: list[str] = field(default_factory=list)  # canonical CIDRs, global scope only
+    ips: list[str] = field(default_factory=list)  # canonical CIDRs, global scope only, usable ones only
     more: bool = False  # the interface holds more addresses than a read takes (limits.LIVE_MAX_ADDRESSES)
+    unusable: dict[str, str] = field(default_factory=dict)  # canonical CIDR -> TENTATIVE, DADFAILED or DEPRECATED
 
 
 def add_truth(entry: dict[str, Any]) -> tuple[str, list[str], str]:
@@ -70,11 +86,58 @@ def judge(entry: dict[str, Any], seen: Observed) -> tuple[str, str]:
     if seen.more:
         return TOO_MANY_ADDRESSES, (f"interface {seen.ifname} holds more than {limits.LIVE_MAX_ADDRESSES} addresses:"
                                     " its addresses are not checked")
-    lost = [ip for ip in add_ips if ip not in seen.ips]
-    if lost:
-        return ADDRESS_LOST, f"address {', '.join(lost)} configured at ADD is no longer on {seen.ifname}"[
-            : limits.MAX_MESSAGE]
-    return OK, ""
+    return judge_addresses(seen.ifname, add_ips, seen.ips, seen.unusable)
+
+
+def judge_addresses(ifname: str, add_ips: list[str], usable: list[str], unusable: dict[str, str]) -> tuple[str, str]:
+    """(state, message) of the ADD's addresses: OK when every one is usable, else the worst reason."""
+    def having(state: str) -> list[str]:
+        return [ip for ip in add_ips if unusable.get(ip) == state]
+
+    failed = having(DADFAILED)
+    lost = [ip for ip in add_ips if ip not in usable and ip not in unusable]
+    deprecated = having(DEPRECATED)
+    pending = having(TENTATIVE)
+    if failed:
+        message = (f"address {', '.join(failed)} failed duplicate address detection on {ifname}: another host on"
+                   " the link holds it")
+        state = DUPLICATE_ADDRESS
+    elif lost:
+        state, message = ADDRESS_LOST, f"address {', '.join(lost)} configured at ADD is no longer on {ifname}"
+    elif deprecated:
+        message = (f"address {', '.join(deprecated)} is deprecated on {ifname} (its preferred lifetime ended):"
+                   " not for new connections")
+        state = ADDRESS_DEPRECATED
+    elif pending:
+        message = (f"address {', '.join(pending)} is tentative on {ifname}: duplicate address detection has not"
+                   " finished")
+        state = ADDRESSES_PENDING
+    else:
+        return OK, ""
+    return state, message[: limits.MAX_MESSAGE]
+
+
+def at_add(entry: dict[str, Any], unusable: dict[str, Any] | None, now: str) -> dict[str, Any]:
+    """The `live` value an ADD starts with: what the plugin saw of its addresses (the event's
+    `unusable_ips`), {} when each of the entry's addresses was usable, or when the plugin did not say.
+
+    Only the addresses are judged: the plugin looked at nothing else, so the rest of the entry stays
+    the ADD's until the live watch reads the interface (its first read follows the commit at once).
+    """
+    name, add_ips, add_mac = add_truth(entry)
+    known: dict[str, str] = {}
+    for address, state in (unusable or {}).items():
+        try:
+            cidr = limits.canonical_cidr(address) if isinstance(address, str) else ""
+        except ValueError:
+            continue
+        if cidr in add_ips and state in (DADFAILED, TENTATIVE, DEPRECATED):
+            known[cidr] = state
+    if not known:
+        return {}
+    usable = [ip for ip in add_ips if ip not in known]
+    state, message = judge_addresses(name, add_ips, usable, known)
+    return {"state": state, "message": message, "since": now, "ifname": name, "ips": usable, "mac": add_mac.lower()}
 
 
 def kept_ips(add_ips: list[str], seen: list[str] | set[str]) -> list[str]:

@@ -53,7 +53,8 @@ from publisher.journal.schema import shard_key
 from publisher.journal.order import BootOrder
 from publisher.kube.calls import PermanentError, TransientError
 from publisher.limits import InvalidEntry
-from publisher.reconcile.mapper import map_event
+from publisher.live.status import at_add
+from publisher.reconcile.mapper import map_event, now_rfc3339
 from publisher.reconcile.reconciler import Reconciler, claim_facts, newest_sandbox
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.resolver import NotOurs, NotYet, Resolver, Target, Unresolvable, device_key, driver_results
@@ -383,7 +384,9 @@ class Rules:
             pod_uid=pod.uid if pod and pod.uid else _target_pod_uid(target, ev), claim_namespace=target.claim_namespace,
             claim_name=target.claim_name, claim_uid=target.claim_uid, pool=target.pool, device=target.device,
             share_id=target.share_id, entry=entry, result_hash=result_hash(ev), event_ts=ev.timestamp,
-            stamp=ev.order, request=ev.request, added=ev.order, netns=ev.netns, device_id=ev.device_id)
+            stamp=ev.order, request=ev.request, added=ev.order, netns=ev.netns, device_id=ev.device_id,
+            # The plugin's look at the addresses: one not usable yet (IPv6 DAD) is not shown until it is.
+            live=at_add(entry, ev.unusable_ips, now_rfc3339()))
 
     def _shown_entry(self, target: Target, current: Attachment | None) -> dict[str, Any] | None:
         """The entry now published for the device (its Ready lastTransitionTime carries over)."""

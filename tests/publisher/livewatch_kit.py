@@ -90,10 +90,10 @@ def service(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]
 
 
 def journal_attachment(svc: Service, netns: str, mac: str = "02:00:00:00:00:01", cid: str = "c" * 64,
-                       claim: tuple[str, str] = CLAIM) -> str:
+                       claim: tuple[str, str] = CLAIM, ips: tuple[str, ...] = ("10.77.0.5/24",)) -> str:
     """An attachment as a worker journals it after the ADD, published (its claim clean)."""
     entry = {"driver": "net.example.com", "pool": "p", "device": "nic0",
-             "networkData": {"interfaceName": "eth0", "ips": ["10.77.0.5/24"], "hardwareAddress": mac},
+             "networkData": {"interfaceName": "eth0", "ips": list(ips), "hardwareAddress": mac},
              "conditions": [{"type": "Ready", "status": "True", "reason": "NetworkConfigured", "message": "",
                              "lastTransitionTime": "2026-12-05T00:00:00Z"}]}
     stamp = new_order()
