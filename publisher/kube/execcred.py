@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
@@ -125,4 +126,22 @@ def _parse(out: bytes, api_version: str, where: str) -> ExecCredential:
         raise ExecError(f"{where}: printed only one of clientCertificateData and clientKeyData")
     if not token and not cert:
         raise ExecError(f"{where}: printed neither a token nor a client certificate")
+    _check_expiry(status.get("expirationTimestamp"), where)
     return ExecCredential(token=str(token), cert_pem=str(cert).encode(), key_pem=str(key).encode())
+
+
+def _check_expiry(stamp: Any, where: str) -> None:
+    """Refuse a credential whose expirationTimestamp has passed. Why: a plugin whose cached session ran out
+    may still print its last token; run once, it would reach the API server only to be refused with a 401
+    that names no cause, while this names the plugin and the time (the timestamp is not a secret)."""
+    if stamp is None:
+        return
+    try:
+        expires = datetime.fromisoformat(str(stamp))  # RFC 3339, "Z" too (Python 3.11+)
+    except ValueError:
+        raise ExecError(f"{where}: printed an expirationTimestamp that is not an RFC 3339 time") from None
+    if expires.tzinfo is None:  # RFC 3339 always carries its offset
+        raise ExecError(f"{where}: printed an expirationTimestamp that is not an RFC 3339 time")
+    if expires <= datetime.now(UTC):
+        when = expires.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # a time, never the printed text
+        raise ExecError(f"{where}: printed a credential that expired at {when}: log in with the plugin again")

@@ -2,8 +2,10 @@
 
 Unit half: the plugin runs with the kubeconfig's args and env and KUBERNETES_EXEC_INFO (not
 interactive; the cluster's details when provideClusterInfo asks), its token or client
-certificate becomes the credential, and every way it can fail is one clear error that names the
-plugin and never repeats what it printed. The node agent's loader refuses `exec` without running it.
+certificate becomes the credential, and every way it can fail (not found, a non-zero exit, not an
+ExecCredential, an expired token, hanging past 120 s, not starting at all) is one clear error that names
+the plugin and never repeats what it printed. The last two are pytest-subprocess's stand-in processes:
+a real plugin cannot be made to outlast the real bound cheaply, nor to fail to fork on demand. The node agent's loader refuses `exec` without running it.
 Real half: `netclaim-publisher fleet` with a kubeconfig whose user is an exec plugin reads the
 real API server; a plugin that hands out a wrong token is an API error (exit 3), not a crash.
 """
@@ -11,9 +13,12 @@ real API server; a plugin that hands out a wrong token is an API error (exit 3),
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
+import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -142,6 +147,75 @@ def test_a_plugin_that_hangs_is_stopped_and_its_args_are_not_repeated(tmp_path: 
                         allow_exec=True)
     assert "gave no credential within" in str(err.value) and str(cmd) in str(err.value)
     assert "secret" not in str(err.value), "a plugin's args may hold a secret: never in an error"
+
+
+def test_a_plugin_that_prints_an_expired_token_is_one_clear_error(tmp_path: Path) -> None:
+    """A cloud CLI whose cached session ran out may still print its last token: the operator reads that the
+    plugin's credential has expired (and when), not an API server's 401 for a token that looks fine."""
+    cmd = plugin(tmp_path, prints({"token": "secret-xyz", "expirationTimestamp": "2020-01-02T03:04:05Z"}))
+    with pytest.raises(ConfigError) as err:
+        from_kubeconfig(kubeconfig(tmp_path, {"command": str(cmd)}), allow_exec=True)
+    assert "expired at 2020-01-02T03:04:05Z" in str(err.value) and str(cmd) in str(err.value)
+    assert "secret" not in str(err.value), "what the plugin printed is a credential: never in an error"
+
+
+@pytest.mark.parametrize("expiry", ["2999-01-01T00:00:00Z", "2999-01-01T00:00:00.123456+02:00", None])
+def test_a_token_that_has_not_expired_is_the_credential(tmp_path: Path, expiry: str | None) -> None:
+    status = {"token": "tok-valid", **({"expirationTimestamp": expiry} if expiry else {})}
+    cmd = plugin(tmp_path, prints(status))
+    assert from_kubeconfig(kubeconfig(tmp_path, {"command": str(cmd)}), allow_exec=True).token == "tok-valid"
+
+
+def test_an_expiry_that_is_not_a_time_is_one_clear_error(tmp_path: Path) -> None:
+    cmd = plugin(tmp_path, prints({"token": "secret-xyz", "expirationTimestamp": "tomorrow"}))
+    with pytest.raises(ConfigError, match="expirationTimestamp that is not an RFC 3339 time") as err:
+        from_kubeconfig(kubeconfig(tmp_path, {"command": str(cmd)}), allow_exec=True)
+    assert "secret" not in str(err.value)
+
+
+# What a real plugin cannot be made to do on demand, through pytest-subprocess's stand-in process: run
+# past the real bound (120 s: the real hang above runs with a shortened one), and fail to start for a
+# reason other than not being there (the system out of processes, which root's limits never reach).
+
+
+def test_a_plugin_still_running_at_the_real_bound_is_killed_and_the_bound_named(tmp_path: Path, fp,
+                                                                                monkeypatch) -> None:
+    from pytest_subprocess.fake_popen import FakePopen
+
+    cmd = tmp_path / "get-token"
+    bounds: list[float | None] = []
+    communicate = FakePopen.communicate
+
+    def waited(self, input=None, timeout=None):  # Popen.communicate's own signature
+        bounds.append(timeout)
+        return communicate(self, input, timeout)
+
+    def hangs(process) -> None:  # still running when the bound is reached
+        raise subprocess.TimeoutExpired(process.args, execcred.TIMEOUT)
+
+    monkeypatch.setattr(FakePopen, "communicate", waited)
+    recorder = fp.register([str(cmd), "--client-secret", "secret-xyz"], callback=hangs)
+    with pytest.raises(ConfigError) as err:
+        from_kubeconfig(kubeconfig(tmp_path, {"command": str(cmd), "args": ["--client-secret", "secret-xyz"]}),
+                        allow_exec=True)
+    assert "gave no credential within 120 s (stopped)" in str(err.value)
+    assert str(cmd) in str(err.value) and "secret" not in str(err.value)
+    assert bounds == [120.0], "the plugin is waited for 120 s"
+    [process] = recorder.calls
+    assert signal.SIGKILL in process.received_signals(), "the plugin was left running"
+
+
+def test_a_plugin_the_system_cannot_start_is_one_clear_error(tmp_path: Path, fp) -> None:
+    cmd = tmp_path / "get-token"
+
+    def cannot_fork(_process) -> None:
+        raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+
+    fp.register([str(cmd)], callback=cannot_fork)
+    with pytest.raises(ConfigError) as err:
+        from_kubeconfig(kubeconfig(tmp_path, {"command": str(cmd)}), allow_exec=True)
+    assert f"user 'u' exec plugin {str(cmd)!r}: BlockingIOError: [Errno {errno.EAGAIN}] " in str(err.value)
+    assert "Traceback" not in str(err.value)
 
 
 def test_the_node_agent_refuses_an_exec_user_without_running_it(tmp_path: Path) -> None:
