@@ -15,7 +15,7 @@
 # layout and tarred as an OCI archive that `ctr images import` (and
 # scripts/cluster.sh import-image) accept; the archive names the image
 # netclaim:TAG (TAG defaults to the project version, cni_plugin.__version__).
-# conf/container/Containerfile builds the same image with a registry-based builder.
+# It is the one way the image is built: every input locked and hash-checked, no registry.
 #
 # --multi-arch: the archive's one image is an OCI image index with two
 # manifests, linux/amd64 (the image above) and linux/arm64, built on this
