@@ -267,6 +267,11 @@ JOURNAL_WAL_KEEP = 4 << 20  # bytes of WAL kept after a checkpoint (SQLite trunc
 # publisher's RSS then creeps for a whole day like a leak. Pages re-read from the OS page cache
 # cost a pread, and the hot rows (pending events, dirty claims) are few.
 JOURNAL_PAGE_CACHE_KIB = 256
+# Journals of a newer schema this release cannot write, set aside at start (publisher/journal/compat.py):
+# the newest this many are kept for a person to look at, older ones removed.
+JOURNAL_SET_ASIDE_KEEP = 2
+# Attachments of a set-aside journal read as hints for the rebuild (publisher/repair/rebuild.py).
+REBUILD_HINTS_MAX = 100_000
 JOURNAL_WEDGED = 60.0  # a journal write in flight or failing this long fails liveness (/healthz)
 LOOP_STALLED = 300.0  # a worker or housekeeping loop with no completed iteration this long fails liveness
 THREAD_RESTART_BUDGET = 5  # crashes of one thread within THREAD_RESTART_WINDOW before liveness fails

@@ -31,13 +31,14 @@ from publisher import limits
 from publisher import logs
 from publisher.clock import node_seconds
 from publisher.repair.claimwatch import ClaimWindows
-from publisher.observe.events import EventRecorder
+from publisher.observe.events import EventRecorder, node_ref
 from publisher.observe.health import Health
 from publisher.intake.spool import Intake
 from publisher.live.watcher import LiveSettings, LiveWatch
 from publisher.nsopen.access import NetnsAccess
 from publisher.journal.store import Journal, Pending, shard_key
 from publisher.kube.calls import Kube, TransientError
+from publisher.reconcile.writer import backoff_delay
 from publisher.observe.metrics import Metrics
 from publisher.observe.nodelease import KeeperWatch, LeaseSettings, NodeLease, Sources
 from publisher.reconcile.podcache import PodCache
@@ -45,6 +46,7 @@ from publisher.reconcile.reconciler import Reconciler
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.resolver import Resolver
 from publisher.reconcile.slices import DEFAULT_DEVICE_ID_ATTRIBUTES, SliceFacts
+from publisher.repair.rebuild import Rebuilt, rebuild
 from publisher.repair.resync import Housekeeping
 from publisher.repair.safetynet import SafetyNet
 from publisher.reconcile.rules import RuleSettings, Rules, result_hash  # noqa: F401  (result_hash: used by tools/tests)
@@ -129,6 +131,10 @@ class Service:
                            RuleSettings(settings.resolve_timeout, settings.retry_cap, settings.sibling_hold), self.housekeeping.claim_retry,
                            held=self.housekeeping.held)
         self.node_lease = self._node_lease(settings.node_lease)
+        # A newer journal set aside at open: workers and housekeeping wait for the rebuild.
+        self.rebuilt: Rebuilt | None = None
+        self.rebuild_error = ""
+        self.rebuilding = bool(self.journal.opening.set_aside)
         self._threads: list[threading.Thread] = []
         self.down: dict[str, str] = {}  # thread name -> why it is being restarted
         self.started = False
@@ -167,15 +173,69 @@ class Service:
             self.log.error("spool ingestion at start failed", extra={"error": str(exc)})
         self.events.start()
         self.pods.start()
-        for shard in range(self.settings.workers):
-            self._spawn(f"worker-{shard}", lambda s=shard: self._worker(s))
-        self._spawn("housekeeping", self.housekeeping.run)
+        if self.journal.opening.set_aside:
+            self._spawn("journal-rebuild", self._rebuild)
+        else:
+            self._rolled_back()
+            self._start_work()
         self._spawn("live-watch", self.live_watch.run)
         if self.unchained.enabled:
             self._spawn("unchained", lambda: self.unchained.run(self.stopping))
         if self.node_lease is not None:
             self._spawn("node-lease", self.node_lease.run)
         self.started = True
+
+    def _start_work(self) -> None:
+        for shard in range(self.settings.workers):
+            self._spawn(f"worker-{shard}", lambda s=shard: self._worker(s))
+        self._spawn("housekeeping", self.housekeeping.run)
+
+    def _rebuild(self) -> None:
+        """After a set-aside: rebuild the node's attachments from the live cluster
+        (publisher/repair/rebuild.py), then start the workers and housekeeping, whose start-up
+        reconcile applies the outcome. Tried again while the API does not answer; a rebuild
+        that fails otherwise is logged and the work starts without it (the entries of the
+        set-aside journal's sandboxes are then not tracked, as after a journal moved by hand)."""
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                self.rebuilt = rebuild(self.kube, self.journal, self.settings.node_name,
+                                       self.writer.field_manager, self.journal.opening.set_aside)
+                self.rebuild_error = ""
+                break
+            except TransientError as exc:
+                failures += 1
+                self.rebuild_error = str(exc) or type(exc).__name__
+                if failures in (1, 2, 4) or failures % 16 == 0:
+                    self.log.warning("journal rebuild: API not answering, retrying",
+                                     extra={"error": self.rebuild_error, "failures": failures})
+                self.stopping.wait(backoff_delay(failures, 1.0, limits.STEP_BACKOFF_CAP))
+            except Exception as exc:  # noqa: BLE001 - a rebuild that cannot work must not stop publishing
+                self.rebuild_error = f"{type(exc).__name__}: {exc}"
+                self.log.exception("journal rebuild failed, starting without it")
+                break
+        if self.stopping.is_set():
+            return
+        self.rebuilding = False
+        self._rolled_back()
+        self._start_work()
+
+    def journal_event(self) -> str:
+        """What opening the journal found and did, for people ('' when it was an ordinary open)."""
+        opening = self.journal.opening
+        note = opening.note()
+        if note and opening.set_aside:
+            done = self.rebuilt.text() if self.rebuilt else (
+                f"rebuild not done: {self.rebuild_error}" if self.rebuild_error else "rebuild pending")
+            note = f"{note}: {done}"
+        return note
+
+    def _rolled_back(self) -> None:
+        """One Warning on the Node when the journal was another release's (a rollback)."""
+        note = self.journal_event()
+        if note:
+            self.events.warn(node_ref(self.settings.node_name), "RolledBack", note,
+                             fields={"journal_event": self.journal.opening.event})
 
     def _node_lease(self, cfg: LeaseSettings | None) -> NodeLease | None:
         """The heartbeat reads each part of its state where that part lives (nothing is kept twice)."""
@@ -350,6 +410,8 @@ class Service:
         """Readiness (/readyz): every fault, the component first; never reads the journal."""
         if not self.started:
             return False, "starting"
+        if self.rebuilding:
+            return False, "journal: rebuilding this node's attachments from the API"
         if self.stopping.is_set():
             return False, "stopping"
         ok, why = self.health.readiness()
@@ -432,6 +494,7 @@ class Service:
             "spool_overflow": dict(self.intake.overflow),
             "live_watch": self.live_watch.state(),
             "unchained_check": self.unchained.state(),
+            "journal_schema": {**self.journal.opening.status(), "note": self.journal_event() or None},
             "threads_down": dict(self.down),
             "housekeeping_steps": {k: {"failures": v.failures, "error": v.error}
                                    for k, v in self.housekeeping.steps.items() if v.failures},

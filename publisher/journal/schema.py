@@ -7,7 +7,6 @@ so that a migration is a line here, not a change to the query code.
 
 from __future__ import annotations
 
-import sqlite3
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,45 +96,28 @@ MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),
               ("attachments", "live", "TEXT NOT NULL DEFAULT ''"),
               # The device ID the plugin sent (a meta plugin's deviceID): on reallocation the
               # attachment goes to the allocated device carrying it, as its ADD did.
-              ("attachments", "device_id", "TEXT NOT NULL DEFAULT ''"))
+              ("attachments", "device_id", "TEXT NOT NULL DEFAULT ''"),
+              # The schema version of the release that last wrote the row (or took it over at an
+              # upgrade); 0, the default: a release that does not know this column (0.1.0), so a
+              # row an older release wrote after a rollback is told apart (publisher/journal/compat.py).
+              ("attachments", "writer", "INTEGER NOT NULL DEFAULT 0"))
 # The journal's schema version, kept in SQLite's `PRAGMA user_version`: 1 is the first
 # release's tables, and each migration adds one, so adding a migration is what bumps it.
 # Journals written before versions existed read 0 and are migrated by their columns.
 SCHEMA_VERSION = 1 + len(MIGRATIONS)
+# Schema versions whose migration an older release cannot write past (a column without a
+# default, a changed meaning). Adding a column with a default is not one of them: an older
+# release leaves it at its default, which the newer release reads as "written by an older
+# release" (the `writer` column). Each migration that breaks older writers adds its version here.
+BREAKS_OLDER_WRITERS: frozenset[int] = frozenset()
+# The oldest schema version that may still write a journal of this schema, recorded in `meta`
+# as `compatible_since`: a release of that version or newer opens a newer journal and works in
+# it; an older one sets it aside (publisher/journal/compat.py).
+COMPATIBLE_SINCE = max(BREAKS_OLDER_WRITERS, default=1)
 # Facts about the journal itself; `boot_id` names the boot whose CLOCK_BOOTTIME the stored
-# times (received, next_try, finished, recorded, updated) were taken on.
+# times (received, next_try, finished, recorded, updated) were taken on; `compatible_since` and
+# `high_water` (the newest schema version that ever opened it) are publisher/journal/compat.py's.
 META_SCHEMA = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-
-
-class JournalTooNew(sqlite3.DatabaseError):
-    """The journal was written by a newer publisher (a downgrade): refused, never used.
-
-    A DatabaseError, so whoever handles an unusable journal at start (the CLI:
-    one line, exit 1) handles this one too.
-    """
-
-
-def refuse_newer(db: sqlite3.Connection, path: str) -> None:
-    """Close `db` and raise JournalTooNew when the journal's schema is newer than this code's.
-
-    Called before anything writes: this code would drop what a newer release
-    keeps in columns it does not know, and write rows without them.
-    """
-    found = db.execute("PRAGMA user_version").fetchone()[0]
-    if found <= SCHEMA_VERSION:
-        return
-    db.close()
-    raise JournalTooNew(
-        f"journal {path} has schema version {found}, newer than this netclaim-publisher knows "
-        f"({SCHEMA_VERSION}): a newer release wrote it. Run that release or a newer one again; to downgrade "
-        f"anyway, stop the publisher and move {path} and its -wal and -shm files aside (this release "
-        "then starts with an empty journal: docs/publisher.md, \"Journal schema version\")")
-
-
-def stamp_version(db: sqlite3.Connection) -> None:
-    """Record SCHEMA_VERSION once the tables and every migration are in place."""
-    if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
 @dataclass
@@ -175,6 +157,7 @@ class Attachment:
     # first change): publisher/live/status.py; {} while the ADD's networkData is the truth.
     live: dict = field(default_factory=dict)
     device_id: str = ""  # normalised device ID of the ADD (cni_plugin/deviceid.py); "" when none
+    writer: int = 0  # schema version of the release that wrote the row (Journal._put sets its own)
 
     @property
     def claim_key(self) -> str:

@@ -33,8 +33,9 @@ from typing import Any, Callable
 from publisher import limits
 from publisher import logs
 from publisher.clock import node_seconds, wall
-from publisher.journal.schema import (MIGRATIONS, META_SCHEMA, SCHEMA, _ATT_COLUMNS, Attachment,  # noqa: F401
-                             JournalTooNew, Pending, refuse_newer, shard_key, stamp_version)
+from publisher.journal import compat
+from publisher.journal.schema import (MIGRATIONS, META_SCHEMA, SCHEMA, SCHEMA_VERSION, _ATT_COLUMNS,  # noqa: F401
+                                      Attachment, Pending, shard_key)
 from publisher.journal.order import BootOrder
 from cni_plugin.wire import Event, WireError, _boot_id, legacy_order
 
@@ -101,7 +102,13 @@ class Journal:
         self._rlock = threading.Lock()
         _create_private(self.path)  # SQLite gives -wal and -shm the database file's mode
         self._db = _connect(self.path)
-        refuse_newer(self._db, self.path)  # a newer release's journal (a downgrade): before anything writes
+        # Another release's journal (a rollback): read what it says before anything writes it.
+        self.opening = compat.examine(self._db, self.path)
+        if not self.opening.usable:  # a newer schema this release must not write: set aside, start anew
+            self._db.close()
+            self.opening.set_aside = compat.set_aside(self.path, self.opening.found)
+            _create_private(self.path)
+            self._db = _connect(self.path)
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL: a commit writes the WAL without fsync (it survives a process crash; the boot
         # rule covers an OS crash). Checkpoints (which fsync) run from housekeeping on their own
@@ -117,7 +124,7 @@ class Journal:
             have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-        stamp_version(self._db)
+        self._take_over()
         self._rdb = _connect(self.path)
         self._rdb.execute("PRAGMA busy_timeout=1000")
         self._rdb.execute("PRAGMA query_only=1")
@@ -125,6 +132,34 @@ class Journal:
         self.retired_attachments = 0
         self._rebase_clock()
         self.protect()
+
+    def _take_over(self) -> None:
+        """Record this release's schema facts, and notice rows an older release wrote.
+
+        A row whose `writer` is below the journal's high-water mark was written by an older
+        release after this one (or a newer one) had opened the journal: a rollback and an
+        upgrade again. Its claim is marked dirty, so the start-up reconcile checks it against
+        the live cluster (pod, reservation, device) again. Every row older than this release is
+        then taken over (`writer` set to this schema), so an ordinary upgrade notices nothing
+        the next time. One transaction: a crash repeats it all.
+        """
+        limit = None if self.opening.set_aside else compat.older_writer_limit(self.opening)
+        with self._tx() as db:
+            if limit is not None:
+                rows = db.execute("SELECT claim_namespace, claim_name FROM attachments WHERE writer < ?",
+                                  (limit,)).fetchall()
+                claims = sorted(set(rows))
+                for ns, name in claims:
+                    _mark_dirty(db, ns, name, 0.0, keep_later=True)
+                self.opening.older_rows, self.opening.older_claims = len(rows), claims
+            db.execute("UPDATE attachments SET writer=? WHERE writer < ?", (SCHEMA_VERSION, SCHEMA_VERSION))
+            compat.stamp(db, self.opening)
+        if self.opening.event:
+            self.log.warning("journal written by another release", extra={
+                "event": self.opening.event, "found_version": self.opening.found,
+                "schema_version": SCHEMA_VERSION, "compatible_since": self.opening.compatible_since,
+                "set_aside_to": self.opening.set_aside, "older_rows": self.opening.older_rows,
+                "claims": len(self.opening.older_claims)})
 
     def protect(self) -> None:
         """The database, its WAL and shared-memory file: readable by the owner only."""
@@ -395,6 +430,27 @@ class Journal:
             if seq is not None:
                 db.execute("UPDATE events SET state=?, error=?, finished=? WHERE seq=?", (state, error, now, seq))
 
+    def adopt(self, atts: list[Attachment], claims: list[tuple[str, str]]) -> int:
+        """Attachments rebuilt from the live cluster after a set-aside (publisher/repair/rebuild.py).
+
+        In one transaction: each is written unless the journal already has its row or a DEL's
+        tombstone (an event handled since is newer than anything rebuilt), and every claim is
+        marked dirty, so the start-up reconcile shows the rebuilt entries and removes the rest
+        of this node's. Returns how many were written.
+        """
+        now, written = node_seconds(), 0
+        with self._tx() as db:
+            for att in atts:
+                if db.execute("SELECT 1 FROM attachments WHERE container_id=? AND ifname=? UNION ALL"
+                              " SELECT 1 FROM tombstones WHERE container_id=? AND ifname=?",
+                              (*att.key, *att.key)).fetchone():
+                    continue
+                self._put(db, att, now)
+                written += 1
+            for ns, name in claims:
+                _mark_dirty(db, ns, name, 0.0, keep_later=True)
+        return written
+
     def forget(self, keys: list[tuple[str, str]]) -> None:
         with self._tx() as db:
             for key in keys:
@@ -531,6 +587,7 @@ class Journal:
     @staticmethod
     def _put(db: sqlite3.Connection, att: Attachment, now: float) -> None:
         att.updated = now
+        att.writer = SCHEMA_VERSION
         values = [getattr(att, c) for c in _ATT_COLUMNS]
         values[_ATT_COLUMNS.index("entry")] = json.dumps(att.entry, separators=(",", ":"), sort_keys=True)
         values[_ATT_COLUMNS.index("stamp")] = json.dumps(att.stamp or legacy_order(att.event_ts))

@@ -39,6 +39,9 @@ def text(st: dict[str, Any], found: list[str]) -> str:
                  f"{oldest['op']} {oldest['containerID'][:12]}/{oldest['ifname']} age {oldest['age_seconds']}s "
                  f"attempts {oldest['attempts']} {oldest['last_error']}"))
     lines.append(f"attachments:     {st['attachments']}")
+    schema = st.get("journal_schema")
+    if schema and schema.get("note"):  # the journal was another release's (a rollback): what was done
+        lines.append(f"journal:         {schema['note']}")
     check = st.get("unchained_check")
     if check is not None:  # an older publisher's answer has none
         off = check.get("off_reason")

@@ -1,23 +1,20 @@
-"""The journal's schema version: stamped on create and migrate, and a newer one refused.
+"""The journal's schema version: stamped on create and migrate; a newer one used or set aside.
 
-A downgraded publisher that opened a newer release's journal would silently drop what
-that release stored in columns it does not know (and write rows without them). So the
-journal carries a schema version (SQLite `PRAGMA user_version`) that follows from
-MIGRATIONS, and a journal newer than the code is refused at start, before anything is
-written, with a message that says what to do. Real SQLite files, the real CLI.
+A rolled-back publisher opens a newer release's journal. The journal carries its schema
+version (SQLite `PRAGMA user_version`, following from MIGRATIONS) and the oldest version that
+may still write it (`meta` `compatible_since`): a newer journal this release may write is used,
+what it does not know left alone; any other is set aside whole and a new one started, never a
+refusal to start. Rows an older release wrote are noticed by their `writer` column.
+Real SQLite files.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
-
-import pytest
 
 from publisher.journal import schema as journal_schema
-from publisher.journal.store import Journal
-from publisher_testkit import BIN, unreachable_kubeconfig
+from publisher.journal.store import Attachment, Journal
 
 
 def user_version(state_dir) -> int:
@@ -68,39 +65,112 @@ def test_a_journal_from_before_schema_versions_is_migrated_and_stamped(workdir):
         assert column in columns(state, table), (table, column)
 
 
-def test_a_journal_of_a_newer_schema_is_refused_before_anything_is_written(workdir):
-    state = workdir / "state"
-    newer_journal(state, journal_schema.SCHEMA_VERSION + 1)
-    before = (state / "journal.db").read_bytes()
-    with pytest.raises(journal_schema.JournalTooNew) as info:
-        Journal(str(state))
-    message = str(info.value)
-    assert f"schema version {journal_schema.SCHEMA_VERSION + 1}" in message and "newer" in message, message
-    assert user_version(state) == journal_schema.SCHEMA_VERSION + 1
-    assert (state / "journal.db").read_bytes() == before
+def set_meta(state_dir, key: str, value: int) -> None:
+    db = sqlite3.connect(os.path.join(state_dir, "journal.db"))
+    db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, str(value)))
+    db.commit()
+    db.close()
 
 
-def test_the_publisher_refuses_to_start_on_a_newer_journal_and_says_what_to_do(workdir):
-    kubeconfig = unreachable_kubeconfig(workdir)
+def meta(state_dir, key: str) -> str | None:
+    db = sqlite3.connect(os.path.join(state_dir, "journal.db"))
+    try:
+        rows = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchall()
+        return rows[0][0] if rows else None
+    finally:
+        db.close()
+
+
+def test_a_new_journal_says_which_releases_may_still_write_it(workdir):
     state = workdir / "state"
-    newer_journal(state, 999)  # far beyond any release: the version this test stands for
-    out = subprocess.run(
-        [str(BIN / "netclaim-publisher"), "run", "--node-name", "node-a", "--kubeconfig", str(kubeconfig),
-         "--socket", str(workdir / "run" / "publisher.sock"), "--state-dir", str(state),
-         "--spool-dir", str(workdir / "spool")],
-        capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
-    err = out.stderr.strip().splitlines()[-1]
-    assert "cannot start" in err and "schema version 999" in err and "newer" in err, err
-    assert "downgrade" in err and "journal.db" in err, err
-    assert user_version(state) == 999 and "from_the_future" in columns(state, "attachments")
+    Journal(str(state)).close()
+    assert meta(state, "compatible_since") == str(journal_schema.COMPATIBLE_SINCE)
+    assert meta(state, "high_water") == str(journal_schema.SCHEMA_VERSION)
+
+
+def test_a_newer_journal_this_release_may_write_is_used_and_what_it_does_not_know_stays(workdir):
+    state = workdir / "state"
+    newer_journal(state, journal_schema.SCHEMA_VERSION + 2)  # compatible_since stays this release's
+    db = sqlite3.connect(os.path.join(state, "journal.db"))
+    db.execute("CREATE TABLE future_things (k TEXT)")
+    db.execute("INSERT INTO future_things VALUES ('kept')")
+    db.commit()
+    db.close()
+    journal = Journal(str(state))
+    try:
+        assert journal.opening.event == "kept_newer" and not journal.opening.set_aside
+        journal.finish(None, upsert=[Attachment(
+            container_id="c1", ifname="net1", driver="vf.example.com", network="vf", pod_namespace="ns",
+            pod_name="p", pod_uid="u1", claim_namespace="ns", claim_name="vfs", claim_uid="cu", pool="pool",
+            device="vf-3", share_id="", entry={"device": "vf-3"}, result_hash="h", event_ts=1.0)])
+    finally:
+        journal.close()
+    assert user_version(state) == journal_schema.SCHEMA_VERSION + 2  # never lowered
+    assert "from_the_future" in columns(state, "attachments")
+    db = sqlite3.connect(os.path.join(state, "journal.db"))
+    try:
+        assert db.execute("SELECT k FROM future_things").fetchall() == [("kept",)]
+        assert db.execute("SELECT from_the_future, writer FROM attachments").fetchall() == \
+            [("", journal_schema.SCHEMA_VERSION)]
+    finally:
+        db.close()
+
+
+def test_a_newer_journal_this_release_may_not_write_is_set_aside_whole_and_a_new_one_started(workdir):
+    state = workdir / "state"
+    newer = journal_schema.SCHEMA_VERSION + 1
+    names = []
+    for _ in range(3):  # three rollbacks: only the newest two set-aside journals are kept
+        newer_journal(state, newer)
+        set_meta(state, "compatible_since", newer)
+        before = (state / "journal.db").read_bytes()
+        journal = Journal(str(state))
+        try:
+            aside = journal.opening.set_aside
+            assert journal.opening.event == "set_aside" and f"schema version {newer}" in journal.opening.note()
+        finally:
+            journal.close()
+        name = os.path.basename(aside)
+        assert name.startswith(f"journal-schema{newer}-") and name.endswith(".db"), name
+        assert open(aside, "rb").read() == before  # moved as it was, nothing written into it
+        names.append(name)
+        assert user_version(state) == journal_schema.SCHEMA_VERSION
+        assert "from_the_future" not in columns(state, "attachments")
+    left = sorted(p for p in os.listdir(state) if p.startswith("journal-schema"))
+    assert left == sorted(names[1:]), left
+
+
+def test_rows_an_older_release_wrote_after_this_one_opened_the_journal_are_noticed(workdir):
+    """An older release (0.1.0 knows no `writer` column) inserts a row: it carries the column's
+    default, so the next open notices it and marks its claim to be checked again. Rows that were
+    there before this release first opened the journal are an upgrade, not a rollback."""
+    state = workdir / "state"
+    Journal(str(state)).close()
+    db = sqlite3.connect(os.path.join(state, "journal.db"))
+    columns_0_1_0 = ("container_id, ifname, driver, network, pod_namespace, pod_name, pod_uid, claim_namespace,"
+                     " claim_name, claim_uid, pool, device, share_id, entry, result_hash, event_ts, updated")
+    db.execute(f"INSERT INTO attachments({columns_0_1_0}) VALUES ('c0', 'net1', 'd', 'n', 'ns', 'p', 'u', 'ns',"
+               " 'older', 'cu', 'pool', 'dev', '', '{}', 'h', 1.0, 1.0)")
+    db.commit()
+    db.close()
+    journal = Journal(str(state))
+    try:
+        assert (journal.opening.event, journal.opening.older_rows) == ("older_writer", 1)
+        assert "an older release wrote this journal" in journal.opening.note()
+        assert [(ns, name) for ns, name, _ in journal.dirty_claims()] == [("ns", "older")]
+    finally:
+        journal.close()
+    journal = Journal(str(state))  # taken over: the next open is an ordinary one
+    try:
+        assert journal.opening.event == ""
+    finally:
+        journal.close()
 
 
 def test_a_journal_of_the_previous_version_keeps_its_rows_and_its_events_keep_their_device_id(workdir):
-    """A publisher upgraded over its journal: the newest column (an attachment's device ID) is
+    """A publisher upgraded over its journal: the newest column is
     added, what was stored is read as before, and a pending ADD keeps the device ID it came with."""
     from cni_plugin.wire import Event, PodRef
-    from publisher.journal.store import Attachment
 
     state = workdir / "state"
     journal = Journal(str(state))
@@ -113,7 +183,7 @@ def test_a_journal_of_the_previous_version_keeps_its_rows_and_its_events_keep_th
                          device_id="0000:00:05.3", pod=PodRef("ns", "p", "u1"), result={}))
     journal.close()
     newest_table, newest_column, _ = journal_schema.MIGRATIONS[-1]
-    assert (newest_table, newest_column) == ("attachments", "device_id")
+    assert (newest_table, newest_column) == ("attachments", "writer")
     db = sqlite3.connect(os.path.join(state, "journal.db"))
     db.execute(f"ALTER TABLE {newest_table} DROP COLUMN {newest_column}")
     db.execute(f"PRAGMA user_version={journal_schema.SCHEMA_VERSION - 1}")
