@@ -1,8 +1,8 @@
 """Interface work inside CNI_NETNS: setup, read-back, verification, restore.
 
 Imported only when an invocation really touches the netns (an `interface`
-block, a result without mac/mtu, CHECK, DEL with saved state), so a plain
-report-only ADD never pays for netlink or setns.
+block, a result without mac/mtu or with IPv6 addresses, CHECK, DEL with saved
+state), so a plain report-only IPv4 ADD never pays for netlink or setns.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def unusable_addresses(netns: str, ifname: str, cidrs: list[str], wait: float) -
     if another host on the link holds it. The publisher leaves such an address out of the entry and
     says why in Ready. While one is tentative and `wait` (addressWaitMs) is left, the kernel's
     address notifications are awaited, so a DAD that ends within it is the ADD's news; past it the
-    publisher's live watch follows the address (docs/plugin.md "What the entry says").
+    publisher's live watch follows the address (docs/plugin.md "What the entry says about addresses").
     An address the interface does not hold is not judged here: the live watch reports it lost.
     """
     wanted = {}
