@@ -131,7 +131,7 @@ def _parse(out: bytes, api_version: str, where: str) -> ExecCredential:
 
 
 def _check_expiry(stamp: Any, where: str) -> None:
-    """Refuse a credential whose expirationTimestamp has passed. Why: a plugin whose cached session ran out
+    """Refuse a credential whose expirationTimestamp has passed. Why: a plugin whose cached login ran out
     may still print its last token; run once, it would reach the API server only to be refused with a 401
     that names no cause, while this names the plugin and the time (the timestamp is not a secret)."""
     if stamp is None:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from deploylib import REPO
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# The README, the project files a newcomer reads first, and the user docs.
+DOCS = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "SECURITY.md", *sorted((REPO / "docs").glob("*.md"))]
 MODES = ("daemonset", "systemd", "any")
 
 COMMAND_WORDS = ("netclaim-publisher", "netclaim")

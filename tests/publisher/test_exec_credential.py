@@ -150,7 +150,7 @@ def test_a_plugin_that_hangs_is_stopped_and_its_args_are_not_repeated(tmp_path: 
 
 
 def test_a_plugin_that_prints_an_expired_token_is_one_clear_error(tmp_path: Path) -> None:
-    """A cloud CLI whose cached session ran out may still print its last token: the operator reads that the
+    """A cloud CLI whose cached login ran out may still print its last token: the operator reads that the
     plugin's credential has expired (and when), not an API server's 401 for a token that looks fine."""
     cmd = plugin(tmp_path, prints({"token": "secret-xyz", "expirationTimestamp": "2020-01-02T03:04:05Z"}))
     with pytest.raises(ConfigError) as err:
