@@ -104,7 +104,6 @@ EXPECTATIONS = (
     Expect(r"^ls -l /opt/cni/bin/netclaim", (r"^-rwxr-xr-x ",), says="the plugin, 0755 (troubleshooting.md)"),
     Expect(r"^kubectl -n netclaim-system create token netclaim-publisher", (r"^[\w-]+\.[\w-]+\.[\w-]+\s*$",),
            says="a token (README.md)"),
-    Expect(r"^kubectl apply -f conf/kubernetes/", (r"clusterrole\.rbac\.authorization\.k8s\.io/netclaim-publisher",)),
     Expect(r"^helm template netclaim conf/helm/netclaim .*--show-only templates/10-rbac\.yaml.*\| kubectl apply -f -",
            (r"clusterrole\.rbac\.authorization\.k8s\.io/netclaim-publisher",),
            says="netclaim's RBAC for the reader's driver, applied (README.md, install.md step 3)"),
