@@ -70,7 +70,7 @@ API_PURPOSES = ("resolve-watch", "resolve-get", "apply", "verify", "reconcile", 
                 "node-lease")
 EVENT_RESULTS = ("created", "failed", "deduplicated", "series_updated", "dropped", "disabled")
 INTERFACE_CHANGES = ("LinkDown", "NoCarrier", "AddressLost", "InterfaceGone", "Recovered", "AddressesChanged",
-                     "MacChanged", "Changed")
+                     "MacChanged", "Changed", "DuplicateAddress", "AddressDeprecated", "AddressesPending")
 LIVE_JOURNAL_STEPS = ("read", "write", "retire")  # publisher/live/watcher.py: its journal steps that can fail
 APPLY_ERROR_CODES = ("409", "422")  # the refusals an apply meets in practice (a 403 is retried, not counted)
 LISTENERS = ("metrics", "probe", "probe-socket")  # publisher/observe/listeners.py: what a listener serves
