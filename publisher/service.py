@@ -210,7 +210,7 @@ class Service:
                     self.log.warning("journal rebuild: API not answering, retrying",
                                      extra={"error": self.rebuild_error, "failures": failures})
                 self.stopping.wait(backoff_delay(failures, 1.0, limits.STEP_BACKOFF_CAP))
-            except Exception as exc:  # noqa: BLE001 - a rebuild that cannot work must not stop publishing
+            except Exception as exc:  # a rebuild that cannot work must not stop publishing
                 self.rebuild_error = f"{type(exc).__name__}: {exc}"
                 self.log.exception("journal rebuild failed, starting without it")
                 break

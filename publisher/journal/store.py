@@ -34,7 +34,7 @@ from publisher import limits
 from publisher import logs
 from publisher.clock import node_seconds, wall
 from publisher.journal import compat
-from publisher.journal.schema import (MIGRATIONS, META_SCHEMA, SCHEMA, SCHEMA_VERSION, _ATT_COLUMNS,  # noqa: F401
+from publisher.journal.schema import (MIGRATIONS, META_SCHEMA, SCHEMA, SCHEMA_VERSION, _ATT_COLUMNS,
                                       Attachment, Pending, shard_key)
 from publisher.journal.order import BootOrder
 from cni_plugin.wire import Event, WireError, _boot_id, legacy_order

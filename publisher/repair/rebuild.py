@@ -32,9 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cni_plugin.wire import _boot_id
-
-from publisher import limits
-from publisher import logs
+from publisher import limits, logs
 from publisher.journal.store import Attachment, Journal
 from publisher.kube.calls import Kube, NotFound
 from publisher.reconcile.resolver import pod_claim_names

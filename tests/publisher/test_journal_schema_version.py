@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from pathlib import Path
 
 from publisher.journal import schema as journal_schema
 from publisher.journal.store import Attachment, Journal
@@ -132,7 +133,7 @@ def test_a_newer_journal_this_release_may_not_write_is_set_aside_whole_and_a_new
             journal.close()
         name = os.path.basename(aside)
         assert name.startswith(f"journal-schema{newer}-") and name.endswith(".db"), name
-        assert open(aside, "rb").read() == before  # moved as it was, nothing written into it
+        assert Path(aside).read_bytes() == before  # moved as it was, nothing written into it
         names.append(name)
         assert user_version(state) == journal_schema.SCHEMA_VERSION
         assert "from_the_future" not in columns(state, "attachments")
