@@ -11,6 +11,9 @@
 #       [--networks N]                     N conflists, pods get eth0..eth<N-1> (containerd's max_conf_num;
 #                                          harness/cluster/networks.sh); default 1
 #       [--dual-stack]                     the primary network has an IPv4 and an IPv6 range
+#       [--kube-version 1.3x]              kube-apiserver, kubelet, scheduler, controller-manager, kubectl and the DRA
+#                                          test driver of that Kubernetes minor (1.34, 1.35, 1.36; default 1.37), built on
+#                                          first use (scripts/build/components.sh --kube); `status` says which runs
 #       [--runtime crio]                   CRI-O (scripts/build/crio.sh) instead of containerd as the kubelet's runtime:
 #                                          same CNI conf dir (install-netclaim chains netclaim there), cdi_spec_dirs =
 #                                          NETCLAIM_CDI_DIR; `crio-stop|crio-start` replace containerd-stop|-start, which
@@ -142,7 +145,7 @@ done
 if wants_multi_node "$@"; then multi_node_main "$@"; exit; fi
 
 case "${1:-}" in
-    up) shift; parse_network_options "$@"; vf_driver_option; runtime_option; cmd_up_maybe_multus "${UP_ARGS[@]}"
+    up) shift; parse_network_options "$@"; vf_driver_option; runtime_option; kube_version_option; cmd_up_maybe_multus "${UP_ARGS[@]}"
         ((WANT_VF_DRIVER == 0)) || cmd_vf_driver_up ;;
     multus-up) shift; cmd_multus_up "$@" ;;
     down) cmd_down ;;
@@ -168,5 +171,5 @@ case "${1:-}" in
     vf-driver-start) cmd_vf_driver_up ;;
     vf-driver-stop) load_state; stop_pid vf-driver ;;
     -h|--help|help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up [--networks N] [--dual-stack] [--runtime containerd|crio] [--with-dranet] [--with-multus [--multus-thick [--multus-no-chroot]] [--with-vf-driver]]|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up [--thick [--no-chroot]]|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|crio-stop|crio-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop|vf-driver-start|vf-driver-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--networks N] [--dual-stack] [--kube-version 1.3x] [--runtime containerd|crio] [--with-dranet] [--with-multus [--multus-thick [--multus-no-chroot]] [--with-vf-driver]]|down|env|status|install-netclaim|uninstall-netclaim|import-image FILE|kubectl ...|multus-up [--thick [--no-chroot]]|publisher-stop|publisher-start|kubelet-stop|kubelet-start|containerd-stop|containerd-start|crio-stop|crio-start|apiserver-stop|apiserver-start|chain-keeper-start|chain-keeper-stop|dranet-start|dranet-stop|vf-driver-start|vf-driver-stop" >&2; exit 2 ;;
 esac

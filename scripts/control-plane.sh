@@ -7,6 +7,7 @@
 #   scripts/control-plane.sh apiserver-stop     stop only kube-apiserver (outage tests)
 #   scripts/control-plane.sh apiserver-start    start it again with the same flags, wait for /readyz
 #   scripts/control-plane.sh status             say what runs
+#   NETCLAIM_KUBE_VERSION=1.34 scripts/control-plane.sh up   kube-apiserver of an older minor
 #
 # Everything lives under $NETCLAIM_CP_DIR (default /tmp/netclaim-cp): certificates, the static
 # token file, the service-account key, etcd data, logs, pid files and kubeconfigs. The dir is made
@@ -51,7 +52,10 @@ alive() { # alive PIDFILE
 token() { head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 
 binaries() {
-    mapfile -t BINS < <("$HERE/build/components.sh")
+    # NETCLAIM_KUBE_VERSION=1.34: the kube-apiserver of that minor (scripts/cluster.sh up --kube-version)
+    local flag=()
+    [[ -z "${NETCLAIM_KUBE_VERSION:-}" ]] || flag=(--kube "$NETCLAIM_KUBE_VERSION")
+    mapfile -t BINS < <("$HERE/build/components.sh" "${flag[@]}" control-plane)
     ETCD_BIN="${BINS[0]}"
     APISERVER_BIN="${BINS[1]}"
     [[ -x "$ETCD_BIN" && -x "$APISERVER_BIN" ]] || die "control-plane binaries missing after build"

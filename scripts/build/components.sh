@@ -4,6 +4,8 @@
 #   scripts/build/components.sh                # etcd and kube-apiserver
 #   scripts/build/components.sh TARGET...      # any of the targets below, or a group:
 #                                                 #   control-plane, node, runtime, cni-plugins, secondary-cni, tools, all
+#   scripts/build/components.sh --kube 1.34 control-plane node
+#                                                 # the Kubernetes binaries of an older minor (gomod/kubernetes-1.34)
 #
 # Nothing here is committed: the binaries land in
 # ${XDG_CACHE_HOME:-$HOME/.cache}/netclaim/bin/<name>-<version>. A second run
@@ -28,7 +30,18 @@ fi
 # modver DIR MODULE: the version DIR's wrapper go.mod requires of MODULE.
 modver() { sed -n "s#^require $2 \(v[0-9.]*\)\$#\1#p" "$HERE/gomod/$1/go.mod"; }
 
-KUBE_VERSION="$(modver kubernetes k8s.io/kubernetes)"
+kube_default_minor() { local v; v="$(modver kubernetes k8s.io/kubernetes)"; v="${v#v}"; echo "${v%.*}"; }
+
+# --kube MINOR picks the wrapper of an older Kubernetes minor; the default is the newest.
+KUBE_DIR=kubernetes
+if [[ "${1:-}" == --kube ]]; then
+    [[ -n "${2:-}" ]] || { log "--kube needs a minor version such as 1.34"; exit 2; }
+    [[ "$2" == "$(kube_default_minor)" ]] || KUBE_DIR="kubernetes-$2"
+    [[ -f "$HERE/gomod/$KUBE_DIR/go.mod" ]] || { log "no wrapper module for Kubernetes $2 (gomod/$KUBE_DIR)"; exit 2; }
+    shift 2
+fi
+
+KUBE_VERSION="$(modver "$KUBE_DIR" k8s.io/kubernetes)"
 ETCD_VERSION="$(modver etcd go.etcd.io/etcd/server/v3)"
 CONTAINERD_VERSION="$(modver containerd github.com/containerd/containerd/v2)"
 CRI_TOOLS_VERSION="$(modver cri-tools sigs.k8s.io/cri-tools)"
@@ -48,8 +61,8 @@ target() {
     case "$1" in
         etcd) echo "etcd|$ETCD_VERSION|go.etcd.io/etcd/server/v3|" ;;
         kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl)
-            echo "kubernetes|$KUBE_VERSION|k8s.io/kubernetes/cmd/$1|$KUBE_LDFLAGS" ;;
-        dra-test-driver) echo "kubernetes|$KUBE_VERSION|k8s.io/kubernetes/test/e2e/dra/test-driver|$KUBE_LDFLAGS" ;;
+            echo "$KUBE_DIR|$KUBE_VERSION|k8s.io/kubernetes/cmd/$1|$KUBE_LDFLAGS" ;;
+        dra-test-driver) echo "$KUBE_DIR|$KUBE_VERSION|k8s.io/kubernetes/test/e2e/dra/test-driver|$KUBE_LDFLAGS" ;;
         containerd|containerd-shim-runc-v2|ctr)
             echo "containerd|$CONTAINERD_VERSION|github.com/containerd/containerd/v2/cmd/$1|$CONTAINERD_LDFLAGS" ;;
         crictl) echo "cri-tools|$CRI_TOOLS_VERSION|sigs.k8s.io/cri-tools/cmd/crictl|-X sigs.k8s.io/cri-tools/pkg/version.Version=${CRI_TOOLS_VERSION#v}" ;;

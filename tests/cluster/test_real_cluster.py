@@ -14,11 +14,11 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-
 from runtime.controlplane import api_client
 from runtime.identity import kubeconfig_token, token_review
 from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until
@@ -311,29 +311,10 @@ def runtime_status_calls(cluster: RealCluster) -> float:
 
 
 @pytest.fixture(scope="module")
-def other_driver(real_cluster: RealCluster) -> str:
+def other_driver(real_cluster: RealCluster) -> Iterator[str]:
     """A second real DRA driver (the same test driver under another name): not netclaim's."""
-    name = "gpu.example.com"
-    v = real_cluster.values
-    kubeconfig = str(Path(v["NETCLAIM_CP_DIR"]) / f"{real_cluster.node}.kubeconfig")
-    (Path(v["NETCLAIM_KUBELET_ROOT"]) / "plugins" / name).mkdir(parents=True, exist_ok=True)
-    log = open(Path(real_cluster.dir) / "other-driver.log", "ab")
-    proc = subprocess.Popen(
-        [v["NETCLAIM_DRA_DRIVER"], "--kubeconfig", kubeconfig, "--drivername", name, "-v=2", "kubelet-plugin",
-         "--node-name", real_cluster.node, "--plugin-registration-path", f"{v['NETCLAIM_KUBELET_ROOT']}/plugins_registry",
-         "--datadir", f"{v['NETCLAIM_KUBELET_ROOT']}/plugins", "--cdi-dir", v["NETCLAIM_CDI_DIR"], "--num-devices", "2"],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        real_cluster.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-                            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{name}"'}}]}})
-        wait_until(lambda: name in real_cluster.kubectl("get", "resourceslices", "-o",
-                                                        "jsonpath={.items[*].spec.driver}"),
-                   f"{name}'s ResourceSlice", timeout=60)
+    with real_cluster.second_driver("gpu.example.com") as name:
         yield name
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def test_publisher_runs_as_the_node_bound_service_account_not_admin(real_cluster: RealCluster) -> None:

@@ -3,15 +3,47 @@
 
 # ------------------------------------------------------------------ binaries and host facts
 
+# The Kubernetes minor the cluster runs: `up --kube-version 1.34` (an older minor, built on first use
+# from scripts/build/gomod/kubernetes-1.34), else the newest. Exported, so that control-plane.sh
+# builds its kube-apiserver from the same wrapper; saved in the state as KUBE_MINOR.
+KUBE_MINOR_WANTED="${NETCLAIM_KUBE_VERSION:-}"
+
+kube_version_option() { # take --kube-version MINOR out of UP_ARGS (after parse_network_options)
+    local rest=()
+    set -- "${UP_ARGS[@]}"
+    while (($#)); do
+        case "$1" in
+            --kube-version) KUBE_MINOR_WANTED="${2:-}"; shift 2 || die "--kube-version needs a minor such as 1.34" ;;
+            --kube-version=*) KUBE_MINOR_WANTED="${1#--kube-version=}"; shift ;;
+            *) rest+=("$1"); shift ;;
+        esac
+    done
+    UP_ARGS=("${rest[@]}")
+    KUBE_MINOR_WANTED="${KUBE_MINOR_WANTED#v}"
+    if [[ -n "$KUBE_MINOR_WANTED" ]]; then
+        [[ "$KUBE_MINOR_WANTED" =~ ^1\.[0-9]+$ ]] || die "--kube-version $KUBE_MINOR_WANTED: give a minor such as 1.34"
+        export NETCLAIM_KUBE_VERSION="$KUBE_MINOR_WANTED"
+    fi
+}
+
+kube_flag() { [[ -z "$KUBE_MINOR_WANTED" ]] || printf -- '--kube\n%s\n' "$KUBE_MINOR_WANTED"; }
+
+kube_version_match() { # a cluster already up runs the version asked for
+    [[ -z "$KUBE_MINOR_WANTED" || "$KUBE_MINOR_WANTED" == "${KUBE_MINOR:-}" ]] \
+        || die "the cluster in $DIR runs Kubernetes ${KUBE_MINOR:-?}; run down first"
+}
+
 binaries() {
     local names=(kubelet kube-scheduler kube-controller-manager kubectl dra-test-driver
-                 containerd containerd-shim-runc-v2 ctr crictl cni-bridge cni-host-local cni-loopback) bins i
-    mapfile -t bins < <("$HERE/build/components.sh" "${names[@]}")
+                 containerd containerd-shim-runc-v2 ctr crictl cni-bridge cni-host-local cni-loopback) bins i flag
+    mapfile -t flag < <(kube_flag)
+    mapfile -t bins < <("$HERE/build/components.sh" "${flag[@]}" "${names[@]}")
     ((${#bins[@]} == ${#names[@]})) || die "build/components.sh did not print every binary"
     KUBELET="${bins[0]}" SCHEDULER="${bins[1]}" KCM="${bins[2]}" KUBECTL="${bins[3]}" DRA_DRIVER="${bins[4]}"
     CONTAINERD="${bins[5]}" SHIM="${bins[6]}" CTR="${bins[7]}" CRICTL="${bins[8]}"
     CNI_PLUGINS=("${bins[@]:9:3}")
     for i in "${bins[@]}"; do [[ -x "$i" ]] || die "binary $i missing"; done
+    KUBE_VERSION="v${KUBELET##*-v}"; KUBE_MINOR="${KUBE_VERSION#v}"; KUBE_MINOR="${KUBE_MINOR%.*}"
     RUNC="$(command -v runc || true)"
     [[ -x "$RUNC" ]] || die "runc not found (Debian package runc)"
 }

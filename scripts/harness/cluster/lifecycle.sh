@@ -23,6 +23,7 @@ cmd_up() { # cmd_up [--with-dranet]
         load_state
         networks_match
         runtime_match
+        kube_version_match
         node_untainted || die "cluster in $DIR runs but node $NODE is not Ready (see $DIR/*.log)"
         # A cluster an older cluster.sh started: its kubelet serves on 127.0.0.1, out of kube-apiserver's reach.
         kubelet_serves_node_ip || die "the kubelet in $DIR serves on 127.0.0.1 only (an older cluster.sh started it):" \
@@ -52,7 +53,7 @@ cmd_up() { # cmd_up [--with-dranet]
     chmod 600 "$STATE"
     for v in NODE NODE_IP SUBNET KUBELET_PORT KUBELET_HEALTHZ_PORT VARLIB_KUBELET_CREATED \
              VARLOG_CONTAINERS_CREATED KUBELET SCHEDULER KCM KUBECTL DRA_DRIVER CONTAINERD SHIM CTR CRICTL RUNC \
-             WITH_DRANET; do
+             WITH_DRANET KUBE_MINOR KUBE_VERSION; do
         save_var "$v"
     done
     save_network_state
@@ -83,7 +84,7 @@ cmd_up() { # cmd_up [--with-dranet]
     ((want_dranet)) && start_dranet
     wait_for 90 "the not-ready taint to go" node_untainted
     restore_sysctls
-    log "up in $((SECONDS - t0))s: node $NODE Ready, driver $DRIVER publishing, $(network_summary)"
+    log "up in $((SECONDS - t0))s: Kubernetes $KUBE_MINOR, node $NODE Ready, driver $DRIVER publishing, $(network_summary)"
     cmd_env
 }
 
@@ -163,6 +164,7 @@ cmd_env() {
         printf 'export NETCLAIM_%s=%q\n' "$v" "${!v}"
     done
     printf 'export NETCLAIM_CONTAINERD_ADDRESS=%q\n' "$CTD/containerd.sock"
+    printf 'export NETCLAIM_KUBERNETES_VERSION=%q\n' "${KUBE_VERSION:-}"   # informational: up --kube-version picks it
     printf 'export NETCLAIM_APISERVER=%q\n' "https://127.0.0.1:$APISERVER_PORT"
     printf 'export NETCLAIM_APISERVER_CA=%q\n' "$CP_DIR/pki/ca.crt"
     printf 'export NETCLAIM_PUBLISHER_SOCKET=%q\n' "$NC/publisher.sock"
@@ -179,6 +181,8 @@ cmd_status() {
     local n
     [[ -f "$STATE" ]] || { echo "no cluster in $DIR"; return 1; }
     "$HERE/control-plane.sh" status
+    state_source "$STATE"
+    echo "kubernetes: ${KUBE_VERSION:-?}"
     for n in kube-controller-manager kube-scheduler containerd crio kubelet dra-driver publisher chain-keeper dranet vf-driver multus; do
         if alive "$DIR/$n.pid"; then echo "$n: running (pid $(cat "$DIR/$n.pid"))"; else echo "$n: stopped"; fi
     done

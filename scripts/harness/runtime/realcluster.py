@@ -80,14 +80,16 @@ class RealCluster:
 
     @classmethod
     def up(cls, directory: str, base_env: dict[str, str] | None = None, with_dranet: bool = False,
-           nodes: int = 0) -> "RealCluster":
+           nodes: int = 0, kube_version: str = "") -> "RealCluster":
         """`cluster.sh up` (with `--with-dranet`: containerd's NRI on and dranet running on the node), or
-        `up --nodes N` when nodes is given."""
+        `up --nodes N` when nodes is given; `kube_version` ("1.34") runs that Kubernetes minor."""
         env = dict(base_env or os.environ)
         env["NETCLAIM_CLUSTER_DIR"] = directory
         args = ["--with-dranet"] if with_dranet else []
         if nodes:
             args = ["--nodes", str(nodes)]
+        if kube_version:
+            args += ["--kube-version", kube_version]
         values = parse_env(cluster_sh("up", *args, env=env))
         return cls(directory, values, env)
 
@@ -96,6 +98,31 @@ class RealCluster:
 
     def down(self) -> None:
         self.sh("down")
+
+    @contextlib.contextmanager
+    def second_driver(self, name: str = "gpu.example.com", devices: int = 2) -> Iterator[str]:
+        """A second real DRA driver on the node (the same test driver under another name, with a DeviceClass
+        of that name): not netclaim's. Stops with the block; its slice and class stay."""
+        v = self.values
+        kubeconfig = str(Path(v["NETCLAIM_CP_DIR"]) / f"{self.node}.kubeconfig")
+        root = v["NETCLAIM_KUBELET_ROOT"]
+        (Path(root) / "plugins" / name).mkdir(parents=True, exist_ok=True)
+        with open(Path(self.dir) / f"driver-{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [v["NETCLAIM_DRA_DRIVER"], "--kubeconfig", kubeconfig, "--drivername", name, "-v=2", "kubelet-plugin",
+                 "--node-name", self.node, "--plugin-registration-path", f"{root}/plugins_registry",
+                 "--datadir", f"{root}/plugins", "--cdi-dir", v["NETCLAIM_CDI_DIR"], "--num-devices", str(devices)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                self.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+                            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{name}"'}}]}})
+                wait_until(lambda: name in self.kubectl("get", "resourceslices", "-o",
+                                                        "jsonpath={.items[*].spec.driver}"),
+                           f"{name}'s ResourceSlice", timeout=60)
+                yield name
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
 
     # ------------------------------------------------------------------ facts
 
