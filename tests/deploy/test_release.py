@@ -19,7 +19,14 @@ scripts/build-image.sh and installed with its own chart; claimed pods start and 
 status; `helm upgrade` to this release's chart (by digest) with the pods running. The old pods'
 entries stay as they were all along (watched during the upgrade: never cleared, never doubled),
 the journal is the same file, migrated, and the new publisher reports those claims published;
-a new pod gets its entry, and deleting an old pod retires its entry.
+a pod started during the roll gets its entry, and deleting an old pod retires its entry. Then
+`helm rollback` to the previous release and `helm upgrade` to this one again, each with pods running
+and one started during the roll. After each roll no container of the DaemonSet's pod has restarted
+(no crash loop on a journal another release wrote), every running claimed pod's entry shows its live
+sandbox (containerID and the netns's addresses and MAC) on the first look 10 s after the rollout
+is done, a claim allocated to another node (its entry written by another field manager) keeps its
+status and managedFields byte for byte, and after the second upgrade the publisher has posted a
+Warning Event `RolledBack` (the previous release wrote into its journal meanwhile).
 
 NETCLAIM_RELEASE_CLUSTER_DIR picks the cluster dir (default: nc-cl-release in the temp dir);
 NETCLAIM_CLUSTER_KEEP=1 leaves it up.
@@ -54,7 +61,7 @@ from deploylib import REPO, Looker, netclaim_publisher_bin, own_cluster, python_
 from test_daemonset_cluster import NAMESPACE, RELEASE, NodeFiles, daemonset_pod, free_port, uninstall_release
 
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
-from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until  # noqa: E402
+from runtime.realcluster import ClusterError, RealCluster, entries_of, ready_status, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.containerd
 
@@ -524,6 +531,111 @@ def journal_facts(path: Path) -> tuple[int, set[str], set[tuple[str, str]]]:
     return version, columns, claims
 
 
+ELSEWHERE = "netclaim-elsewhere"  # a node name no node has: a claim allocated there is another node's
+GRACE = 10.0  # seconds after a roll is done within which every entry shows its pod's live sandbox
+
+
+def daemonset_name(cluster: RealCluster) -> str:
+    [name] = cluster.kubectl("get", "daemonset", "-n", NAMESPACE, "-o", "name").split()
+    return name
+
+
+def roll_done(cluster: RealCluster, images: set[str], old_uid: str) -> tuple[str, float]:
+    """Waits (generously) for the DaemonSet's rollout to end in one new pod running `images`, Ready, with no
+    container restarted (a publisher that crash-loops on the journal another release wrote shows here);
+    its uid and the monotonic time the rollout was seen done."""
+    cluster.kubectl("rollout", "status", daemonset_name(cluster), "-n", NAMESPACE, "--timeout=300s", timeout=330)
+    done = time.monotonic()
+
+    def rolled() -> str | None:
+        pod = daemonset_pod(cluster)
+        fresh = pod and pod["metadata"]["uid"] != old_uid and ready_status(pod["status"]) == "True"
+        return pod["metadata"]["uid"] if fresh else None
+
+    uid = wait_until(rolled, "the rolled DaemonSet pod Ready", timeout=180)
+    assert_no_restart(cluster, uid, images)
+    return uid, done
+
+
+def assert_no_restart(cluster: RealCluster, uid: str, images: set[str]) -> None:
+    pod = daemonset_pod(cluster)
+    assert pod and pod["metadata"]["uid"] == uid, "the DaemonSet's pod was replaced"
+    spec, status = pod["spec"], pod["status"]
+    assert {c["image"] for c in spec["containers"] + spec["initContainers"]} == images
+    restarts = {c["name"]: c.get("restartCount", 0)
+                for c in status.get("containerStatuses", []) + status.get("initContainerStatuses", [])}
+    assert set(restarts.values()) == {0}, f"DaemonSet containers restarted: {restarts}"
+    assert ready_status(status) == "True", status.get("conditions")
+
+
+def live_sandbox_problem(cluster: RealCluster, ns: str, pods: list[str]) -> str:
+    """'' when each pod's one entry is Ready and shows its live sandbox: data.containerID is the pod's ready
+    sandbox and networkData is what the pod's netns holds on that interface; else what differs."""
+    for name in pods:
+        mine = entries_of(cluster.claim_yaml(ns, f"{name}-net"), cluster.driver)
+        if len(mine) != 1:
+            return f"{name}: {len(mine)} entries"
+        entry, sandbox = mine[0], cluster.sandbox(ns, name)["id"]
+        if ready_status(entry) != "True" or entry["data"]["containerID"] != sandbox:
+            return f"{name}: entry {entry} is not the Ready entry of sandbox {sandbox}"
+        net = entry["networkData"]
+        iface = cluster.interface(ns, name, net["interfaceName"])
+        if sorted(net.get("ips") or []) != sorted(iface.cidrs) or net.get("hardwareAddress", "").lower() != iface.mac:
+            return f"{name}: networkData {net} but the pod's netns has {iface}"
+    return ""
+
+
+def live_within_grace(cluster: RealCluster, ns: str, pods: list[str], started: str, done: float) -> float:
+    """Once pod `started` (started during the roll) runs, looks until every entry shows its pod's live
+    sandbox; the first look GRACE seconds after the roll was done (or after `started` ran, if later) must
+    pass. The delay from the roll done to the look that passed."""
+    cluster.wait_running(ns, started, timeout=180)
+    since = max(done, time.monotonic())
+    pods.append(started)
+    while True:
+        looked = time.monotonic()
+        try:
+            problem = live_sandbox_problem(cluster, ns, pods)
+        except (ClusterError, subprocess.CalledProcessError, AssertionError, KeyError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if not problem:
+            return looked - done
+        assert looked - since < GRACE, f"{looked - since:.1f} s after the roll: {problem}"
+        time.sleep(0.5)
+
+
+def claim_elsewhere(cluster: RealCluster, ns: str) -> str:
+    """A claim allocated to another node, whose entry another field manager wrote: this node's publisher has
+    no business with it. Its status and managedFields, as the API server holds them."""
+    cluster.claim(ns, "elsewhere-net")
+    result = {"request": "nic", "driver": cluster.driver, "pool": ELSEWHERE, "device": "nic0"}
+    allocation = {"status": {"allocation": {
+        "devices": {"results": [result]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [ELSEWHERE]}]}]}}}}
+    cluster.kubectl("patch", "resourceclaim", "elsewhere-net", "-n", ns, "--subresource=status", "--type=merge",
+                    "--field-manager=elsewhere-scheduler", "-p", json.dumps(allocation))
+    entry = {k: result[k] for k in ("driver", "pool", "device")}
+    entry["networkData"] = {"interfaceName": "eth0", "ips": ["10.250.0.9/24"], "hardwareAddress": "0a:58:0a:fa:00:09"}
+    entry["conditions"] = [{"type": "Ready", "status": "True", "reason": "NetworkConfigured", "message": "eth0",
+                            "lastTransitionTime": "2026-12-01T00:00:00Z"}]
+    cluster.kubectl("patch", "resourceclaim", "elsewhere-net", "-n", ns, "--subresource=status", "--type=merge",
+                    "--field-manager=elsewhere-driver", "-p", json.dumps({"status": {"devices": [entry]}}))
+    return elsewhere_now(cluster, ns)
+
+
+def elsewhere_now(cluster: RealCluster, ns: str) -> str:
+    claim = json.loads(cluster.kubectl("get", "resourceclaim", "elsewhere-net", "-n", ns, "-o", "json",
+                                       "--show-managed-fields"))
+    return json.dumps({"status": claim["status"], "managedFields": claim["metadata"]["managedFields"]},
+                      sort_keys=True)
+
+
+def rolled_back_warnings(cluster: RealCluster) -> list[dict[str, Any]]:
+    events = json.loads(cluster.kubectl("get", "events", "-A", "-o", "json"))["items"]
+    return [e for e in events if e.get("reason") == "RolledBack" and e.get("type") == "Warning"]
+
+
 def test_upgrade_from_the_previous_release_with_pods_running(release: Release, previous: Previous,
                                                              cluster: RealCluster) -> None:
     files = NodeFiles(cluster)
@@ -534,14 +646,17 @@ def test_upgrade_from_the_previous_release_with_pods_running(release: Release, p
     node_ports = ports()
     ns = cluster.namespace(f"upg-{uuid.uuid4().hex[:6]}")
     pods = ["a", "b"]
+    old_images, new_images = {f"netclaim:{PREVIOUS}"}, {f"netclaim@{release.digest}"}
+    delays: dict[str, float] = {}
     try:
         # The previous release, installed as it was: its own chart and image.
         helm("install", RELEASE, str(previous.chart), "-n", NAMESPACE, "--create-namespace",
              *site_values(files, cluster, node_ports, PREVIOUS), "--set", "image.pullPolicy=Never",
              "--wait", "--timeout", "300s", kubeconfig=cluster.kubeconfig, timeout=400)
         old_uid, images = running_image(cluster)
-        assert images == {f"netclaim:{PREVIOUS}"}
+        assert images == old_images
         wait_until(lambda: files.chained(files.conflist), "netclaim chained by the previous release")
+        elsewhere = claim_elsewhere(cluster, ns)
         for name in pods:
             start_claimed_pod(cluster, ns, name)
         before = {name: published(cluster, ns, name) for name in pods}
@@ -550,14 +665,12 @@ def test_upgrade_from_the_previous_release_with_pods_running(release: Release, p
         old_version, old_columns, _ = journal_facts(journal)
         assert "device_id" not in old_columns and old_version < SCHEMA_VERSION, (old_version, old_columns)
 
-        # This release's chart, by digest, with the pods running.
+        # This release's chart, by digest, with the pods running and pod c started during the roll.
         with EntryWatch(cluster, ns, before) as watch:
             helm("upgrade", RELEASE, str(release.path(f"{NAME}.tgz")), "-n", NAMESPACE,
-                 *site_values(files, cluster, node_ports, VERSION), "--wait", "--timeout", "300s",
-                 kubeconfig=cluster.kubeconfig, timeout=400)
-            new_uid, images = wait_until(lambda: (lambda r: r if r[0] != old_uid else None)(running_image(cluster)),
-                                         "the upgraded DaemonSet pod", timeout=180)
-            assert images == {f"netclaim@{release.digest}"}
+                 *site_values(files, cluster, node_ports, VERSION), kubeconfig=cluster.kubeconfig, timeout=400)
+            start_claimed_pod(cluster, ns, "c")
+            new_uid, done = roll_done(cluster, new_images, old_uid)
             # The new publisher took over the journal: same file, migrated, every claim of the old pods in it.
             status = wait_until(lambda: (lambda s: s if all(s["claims"].get(f"{ns}/{n}-net", {}).get("state")
                                                             == "published" for n in pods) else None)(
@@ -566,26 +679,50 @@ def test_upgrade_from_the_previous_release_with_pods_running(release: Release, p
         print(f"claims read {watch.reads} times during the upgrade")
         assert watch.reads > 0
         assert watch.lapses == [], watch.lapses[:10]
+        delays["upgrade"] = live_within_grace(cluster, ns, pods, "c", done)
         assert journal.stat().st_ino == inode, "the journal was replaced, not migrated"
         version, columns, claims = journal_facts(journal)
         assert version == SCHEMA_VERSION and "device_id" in columns, (version, columns)
         assert {(ns, f"{n}-net") for n in pods} <= claims
-        for name in pods:
+        for name in ("a", "b"):
             [entry] = entries_of(cluster.claim_yaml(ns, f"{name}-net"), cluster.driver)
             assert entry["networkData"] == before[name]["networkData"]
             assert entry["data"]["containerID"] == before[name]["data"]["containerID"]
 
-        # After the upgrade: a new pod is published, an old pod's deletion retires its entry.
-        start_claimed_pod(cluster, ns, "c")
-        assert published(cluster, ns, "c")["networkData"]["ips"]
+        # After the upgrade: an old pod's deletion retires its entry.
         cluster.delete_pod(ns, "a")
+        pods.remove("a")
         wait_until(lambda: entries_of(cluster.claim_yaml(ns, "a-net"), cluster.driver) == [],
                    "the deleted old pod's entry to be retired", timeout=90)
         [entry] = entries_of(cluster.claim_yaml(ns, "b-net"), cluster.driver)
         assert entry["networkData"] == before["b"]["networkData"]
         assert (ns, "a-net") not in journal_facts(journal)[2]
+
+        # `helm rollback` to the previous release, with pods running and pod r started during the roll: its
+        # publisher opens the journal this release migrated and wrote.
+        helm("rollback", RELEASE, "1", "-n", NAMESPACE, kubeconfig=cluster.kubeconfig, timeout=400)
+        start_claimed_pod(cluster, ns, "r")
+        back_uid, done = roll_done(cluster, old_images, new_uid)
+        delays["rollback"] = live_within_grace(cluster, ns, pods, "r", done)
+        assert_no_restart(cluster, back_uid, old_images)
+
+        # This release again, with pods running and pod u started during the roll: it finds the rows the
+        # previous release wrote into its journal.
+        helm("upgrade", RELEASE, str(release.path(f"{NAME}.tgz")), "-n", NAMESPACE,
+             *site_values(files, cluster, node_ports, VERSION), kubeconfig=cluster.kubeconfig, timeout=400)
+        start_claimed_pod(cluster, ns, "u")
+        again_uid, done = roll_done(cluster, new_images, back_uid)
+        delays["upgrade again"] = live_within_grace(cluster, ns, pods, "u", done)
+        assert_no_restart(cluster, again_uid, new_images)
+        print("entries live after each roll: " + ", ".join(f"{k} {v:.1f} s" for k, v in delays.items()))
+        assert journal.stat().st_ino == inode, "the journal was replaced"
+
+        assert elsewhere_now(cluster, ns) == elsewhere, "another node's claim was written"
+        warnings = wait_until(lambda: rolled_back_warnings(cluster), "a Warning Event with reason RolledBack",
+                              timeout=120)
+        print(f"RolledBack: {warnings[0].get('message')}")
     finally:
-        for name in ("a", "b", "c"):
+        for name in ("a", "b", "c", "r", "u"):
             cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=true", "--timeout=120s", check=False,
                             timeout=180)
         keeper_said = uninstall_release(cluster, cluster.kubeconfig, 3000)
