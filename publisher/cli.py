@@ -24,6 +24,7 @@ import click
 from cni_plugin import __version__
 from cni_plugin.config import (
     DEFAULT_ACK_TIMEOUT_MS,
+    DEFAULT_ADDRESS_WAIT_MS,
     DEFAULT_HANDOFF_WAIT_MS,
     DEFAULT_SPOOL_MAX_BYTES,
     DEFAULT_SPOOL_MAX_FILES,
@@ -451,6 +452,8 @@ def netns_opener(socket_path: str, netns_dirs: tuple[str, ...], allowed_uid: tup
               metavar="MS", help=plugin_int_help("ackTimeoutMs", DEFAULT_ACK_TIMEOUT_MS))
 @click.option("--plugin-handoff-wait-ms", envvar="NETCLAIM_PLUGIN_HANDOFF_WAIT_MS", show_envvar=True, default="",
               metavar="MS", help=plugin_int_help("handoffWaitMs", DEFAULT_HANDOFF_WAIT_MS))
+@click.option("--plugin-address-wait-ms", envvar="NETCLAIM_PLUGIN_ADDRESS_WAIT_MS", show_envvar=True, default="",
+              metavar="MS", help=plugin_int_help("addressWaitMs", DEFAULT_ADDRESS_WAIT_MS))
 @click.option("--plugin-spool-max-files", envvar="NETCLAIM_PLUGIN_SPOOL_MAX_FILES", show_envvar=True, default="",
               metavar="N", help=plugin_int_help("spoolMaxFiles", DEFAULT_SPOOL_MAX_FILES))
 @click.option("--plugin-spool-max-bytes", envvar="NETCLAIM_PLUGIN_SPOOL_MAX_BYTES", show_envvar=True, default="",
@@ -518,7 +521,7 @@ def netns_opener(socket_path: str, netns_dirs: tuple[str, ...], allowed_uid: tup
 def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_binary: str, driver_name: str,
                  request: str, failure_policy: str, plugin_socket: str, plugin_spool_dir: str,
                  plugin_log_file: str, plugin_ack_timeout_ms: str, plugin_handoff_wait_ms: str,
-                 plugin_spool_max_files: str, plugin_spool_max_bytes: str,
+                 plugin_address_wait_ms: str, plugin_spool_max_files: str, plugin_spool_max_bytes: str,
                  cni_cache_dir: str, plugin_cni_cache_dir: str, runtime_teardown: str,
                  cleanup_dir: tuple[str, ...], poll_interval: float,
                  daemonset: str, namespace: str, kubeconfig: str | None, once: bool, uninstall_now: bool,
@@ -548,6 +551,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
              f"spoolDir={plugin_spool_dir}", f"failurePolicy={failure_policy}", f"logFile={plugin_log_file}"]
     if not uninstall_now:  # the uninstall finds the entry by driver and request; nothing else of it matters
         pairs += [f"ackTimeoutMs={plugin_ack_timeout_ms}", f"handoffWaitMs={plugin_handoff_wait_ms}",
+                  f"addressWaitMs={plugin_address_wait_ms}",
                   f"spoolMaxFiles={plugin_spool_max_files}", f"spoolMaxBytes={plugin_spool_max_bytes}"]
     try:
         entry = build_entry(pairs, empty_is_default=True)  # the chart states every setting: empty is its default
@@ -610,6 +614,7 @@ KEEPER_OPTION_OF = {
     "logFile": "--plugin-log-file, NETCLAIM_PLUGIN_LOG_FILE",
     "ackTimeoutMs": "--plugin-ack-timeout-ms, NETCLAIM_PLUGIN_ACK_TIMEOUT_MS",
     "handoffWaitMs": "--plugin-handoff-wait-ms, NETCLAIM_PLUGIN_HANDOFF_WAIT_MS",
+    "addressWaitMs": "--plugin-address-wait-ms, NETCLAIM_PLUGIN_ADDRESS_WAIT_MS",
     "spoolMaxFiles": "--plugin-spool-max-files, NETCLAIM_PLUGIN_SPOOL_MAX_FILES",
     "spoolMaxBytes": "--plugin-spool-max-bytes, NETCLAIM_PLUGIN_SPOOL_MAX_BYTES",
 }

@@ -75,26 +75,29 @@ def test_one_driver_name_feeds_rbac_configmap_and_the_conflist_entry(tmp_root: P
     assert (entry["driverName"], entry["request"], entry["failurePolicy"]) == ("nic.acme.io", "data", "Fail")
     assert entry["socketPath"] == "/run/netclaim/publisher.sock" and entry["spoolDir"] == "/var/lib/netclaim/spool"
     # The plugin's own defaults: the chart writes no hand-off or spool setting it was not given.
-    assert not {"ackTimeoutMs", "handoffWaitMs", "spoolMaxFiles", "spoolMaxBytes"} & entry.keys()
+    assert not {"ackTimeoutMs", "handoffWaitMs", "addressWaitMs", "spoolMaxFiles", "spoolMaxBytes"} & entry.keys()
 
 
 PLUGIN_SETTINGS = {"cni.pluginAckTimeoutMs": "ackTimeoutMs", "cni.pluginHandoffWaitMs": "handoffWaitMs",
+                   "cni.pluginAddressWaitMs": "addressWaitMs",
                    "cni.pluginSpoolMaxFiles": "spoolMaxFiles", "cni.pluginSpoolMaxBytes": "spoolMaxBytes"}
 
 
 def test_plugin_spool_and_handoff_values_reach_the_keepers_entry_as_integers_the_plugin_parses(
         tmp_root: Path) -> None:
-    """Two from a values file (a number there reaches the templates as a float; the largest cap must keep every
+    """Three from a values file (a number there reaches the templates as a float; the largest cap must keep every
     digit), two from --set; both keeper containers read them, and the entry holds JSON integers that the
-    plugin's own config parser reads as those caps and timeouts."""
+    plugin's own config parser reads as those caps, timeouts and waits."""
     values = tmp_root / "values.yaml"
-    values.write_text("cni:\n  pluginSpoolMaxFiles: 500\n  pluginSpoolMaxBytes: 1099511627776\n")
+    values.write_text("cni:\n  pluginSpoolMaxFiles: 500\n  pluginSpoolMaxBytes: 1099511627776\n"
+                      "  pluginAddressWaitMs: 2000\n")
     out = helm("template", "netclaim", str(CHART), "--namespace", "netclaim-system", "--kube-version", kube_version(),
                *driver_set(), "-f", str(values), "--set", "cni.pluginAckTimeoutMs=250",
                "--set", "cni.pluginHandoffWaitMs=0").stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     config = one(docs, "ConfigMap")["data"]
     given = {"NETCLAIM_PLUGIN_ACK_TIMEOUT_MS": "250", "NETCLAIM_PLUGIN_HANDOFF_WAIT_MS": "0",
+             "NETCLAIM_PLUGIN_ADDRESS_WAIT_MS": "2000",
              "NETCLAIM_PLUGIN_SPOOL_MAX_FILES": "500", "NETCLAIM_PLUGIN_SPOOL_MAX_BYTES": "1099511627776"}
     assert {k: config.get(k) for k in given} == given
     configmap = one(docs, "ConfigMap")["metadata"]["name"]
@@ -103,11 +106,12 @@ def test_plugin_spool_and_handoff_values_reach_the_keepers_entry_as_integers_the
 
     entry = keeper_writes(config, tmp_root)["plugins"][-1]
     assert {k: entry[k] for k in PLUGIN_SETTINGS.values()} == {
-        "ackTimeoutMs": 250, "handoffWaitMs": 0, "spoolMaxFiles": 500, "spoolMaxBytes": 1099511627776}
+        "ackTimeoutMs": 250, "handoffWaitMs": 0, "addressWaitMs": 2000, "spoolMaxFiles": 500,
+        "spoolMaxBytes": 1099511627776}
     conf = parse_netconf({**entry, "name": PRIMARY["name"], "cniVersion": PRIMARY["cniVersion"], "prevResult": {}},
                          PRIMARY["cniVersion"], "ADD")
-    assert (conf.spool_max_files, conf.spool_max_bytes, conf.ack_timeout, conf.handoff_wait) == (
-        500, 1099511627776, 0.25, 0.0)
+    assert (conf.spool_max_files, conf.spool_max_bytes, conf.ack_timeout, conf.handoff_wait, conf.address_wait) == (
+        500, 1099511627776, 0.25, 0.0, 2.0)
 
 
 def test_the_schemas_plugin_setting_ranges_are_the_plugins_own() -> None:
@@ -429,6 +433,7 @@ def test_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_when_set() -> N
                                  # the plugin's ranges: the keeper would refuse these on every node
                                  "cni.pluginSpoolMaxFiles=0", "cni.pluginSpoolMaxBytes=1099511627777",
                                  "cni.pluginAckTimeoutMs=60001", "cni.pluginHandoffWaitMs=-1",
+                                 "cni.pluginAddressWaitMs=3001",
                                  "cni.pluginSpoolMaxFiles=lots", "cni.pluginSpoolMaxFiles=1.5"])
 def test_a_typo_or_bad_value_is_refused(bad: str) -> None:
     for verb in ("template", "lint"):
@@ -451,7 +456,7 @@ def test_lint_strict_passes_with_every_non_default_value() -> None:
          "--set", "securityContext.privileged=true", "--set", "securityContext.seLinuxType=spc_t",
          "--set", "cni.pluginLogFile=/var/log/netclaim/plugin.log", "--set", "cni.pluginSpoolMaxFiles=500",
          "--set", "cni.pluginSpoolMaxBytes=1099511627776", "--set", "cni.pluginAckTimeoutMs=250",
-         "--set", "cni.pluginHandoffWaitMs=0")
+         "--set", "cni.pluginHandoffWaitMs=0", "--set", "cni.pluginAddressWaitMs=3000")
 
 
 def test_chart_label_survives_build_metadata(tmp_root: Path) -> None:
