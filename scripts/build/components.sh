@@ -16,9 +16,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/netclaim"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
-# One build at a time: concurrent callers (parallel test sessions) wait here.
+# One build at a time: concurrent callers (parallel test sessions) wait for the lock, taken only
+# when something is to be built, so a caller whose binaries are cached never waits behind a build.
 exec 8>"$CACHE/.build.lock"
-flock 8
 
 log() { printf '[build] %s\n' "$*" >&2; }
 
@@ -96,6 +96,12 @@ build() {
     IFS='|' read -r dir version pkg ldflags <<<"$spec"
     local out="$BIN/$name-$version"
     if [[ -x "$out" ]]; then
+        log "$name $version cached"
+        echo "$out"
+        return 0
+    fi
+    flock 8
+    if [[ -x "$out" ]]; then   # another caller built it while this one waited
         log "$name $version cached"
         echo "$out"
         return 0

@@ -99,10 +99,15 @@ delete_pods() { # let the kubelet stop every sandbox (CNI DEL, unprepare, unmoun
     done
 }
 
-unmount_under() { # every mount below DIR, deepest first
-    local m
-    for m in $(awk -v d="$1/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r); do
-        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: cannot unmount $m"
+unmount_under() { # every mount below DIR, deepest first; again while one goes (a mount over a directory
+    # hides the mounts made in it before, such as pod netns under a netns dir bind-mounted onto itself)
+    local m pass left
+    for pass in 1 2 3; do
+        left=0
+        for m in $(awk -v d="$1/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r); do
+            umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || { left=1; ((pass < 3)) || log "warning: cannot unmount $m"; }
+        done
+        ((left)) || break
     done
     if awk -v d="$1" '$2 == d' /proc/self/mounts | grep -q .; then umount "$1" 2>/dev/null || true; fi
     return 0

@@ -94,7 +94,7 @@ def daemonset_pods(cluster: RealCluster) -> dict[str, dict[str, Any]]:
     """The chart's pods (not terminating) by node name."""
     items = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=netclaim",
                                        "-o", "json"))["items"]
-    return {p["spec"]["nodeName"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
+    return {p["spec"].get("nodeName", ""): p for p in items if not p["metadata"].get("deletionTimestamp")}
 
 
 def install_everywhere(cluster: RealCluster, *extra: str) -> tuple[int, int]:
