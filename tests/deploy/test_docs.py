@@ -16,18 +16,30 @@ from __future__ import annotations
 
 import configparser
 import functools
+import importlib.util
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-
 from chartlib import CHART, kube_version
 from deploylib import REPO, netclaim_publisher_bin, python_env
-from doclib import (DOCS, MODES, SEPARATORS, all_blocks, blocks_of, command_of, logical_lines, runs_commands,
-                    section, stray_markers, table_rows)
+from doclib import (
+    DOCS,
+    MODES,
+    SEPARATORS,
+    all_blocks,
+    blocks_of,
+    command_of,
+    logical_lines,
+    runs_commands,
+    section,
+    stray_markers,
+    table_rows,
+)
 
 DIAGRAMS = REPO / "docs" / "diagrams"
 INSTALL_MD = REPO / "docs" / "install.md"
@@ -305,28 +317,39 @@ def skew_section() -> str:
     return section(INSTALL_MD.read_text(), "## Supported versions and skew")
 
 
-def kubernetes_rows() -> list[list[str]]:
-    body = section(skew_section(), "### Kubernetes versions")
-    return [row for row in table_rows(body) if re.fullmatch(r"\d+\.\d+", row[0])]
+def version_table() -> Any:
+    spec = importlib.util.spec_from_file_location("version_table", REPO / "scripts" / "build" / "version_table.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_the_kubernetes_versions_table_starts_at_the_charts_kube_version_floor_without_gaps() -> None:
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    floor = re.fullmatch(r">=\s*(\d+)\.(\d+)\.\d+(?:-0)?", chart["kubeVersion"].strip())
-    assert floor, chart["kubeVersion"]
-    minors = [tuple(int(x) for x in row[0].split(".")) for row in kubernetes_rows()]
-    assert minors[0] == (int(floor.group(1)), int(floor.group(2))), (minors, chart["kubeVersion"])
+def test_the_kubernetes_versions_table_is_rendered_from_what_the_matrix_recorded() -> None:
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "python"), str(REPO / "scripts" / "build" / "version_table.py"),
+                           "--check"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, f"docs/install.md's version table is stale:\n{proc.stdout}{proc.stderr}"
+
+
+def test_the_charts_kube_version_accepts_exactly_the_minors_the_matrix_passed() -> None:
+    """Chart.yaml's range runs from the oldest recorded minor to the newest; each of them, and only them, ran every
+    case of the matrix, on a release of that minor, and the newest is the one every other test runs."""
+    table = version_table()
+    rows = table.load()["versions"]
+    minors = [tuple(int(x) for x in row["minor"].split(".")) for row in rows]
     assert minors == [(minors[0][0], minors[0][1] + i) for i in range(len(minors))], minors
-
-
-def test_the_kubernetes_versions_table_says_which_version_is_tested_here_and_only_that_one() -> None:
-    built = kube_version().lstrip("v")  # e.g. 1.37.2
-    minor = ".".join(built.split(".")[:2])
-    rows = {row[0]: row for row in kubernetes_rows()}
-    assert minor in rows, (minor, list(rows))
-    assert built in rows[minor][-1], rows[minor]
-    untested = [row for version, row in rows.items() if version != minor]
-    assert all(row[-1].lower().startswith("not tested") for row in untested), untested
+    assert [row["minor"] for row in rows] == table.matrix_minors(), "a minor is built but not recorded, or recorded "
+    for row in rows:
+        assert row.get("passed") and table.minor_of(row["release"]) == row["minor"], row
+    assert len({tuple(sorted(row["passed"])) for row in rows}) == 1, "every minor ran the same cases"
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    bounds = re.fullmatch(r">=\s*(\d+)\.(\d+)\.0-0\s+<\s*(\d+)\.(\d+)\.0-0", chart["kubeVersion"].strip())
+    assert bounds, chart["kubeVersion"]
+    low, high = (int(bounds.group(1)), int(bounds.group(2))), (int(bounds.group(3)), int(bounds.group(4)))
+    assert (low, high) == (minors[0], (minors[-1][0], minors[-1][1] + 1)), (chart["kubeVersion"], minors)
+    newest = ".".join(str(x) for x in minors[-1])
+    assert table.newest_minor() == newest == ".".join(kube_version().lstrip("v").split(".")[:2])
+    assert f"`kubeVersion: {chart['kubeVersion']}`" in skew_section()
 
 
 def test_the_journal_versions_in_the_doc_are_the_schema_migrations() -> None:
