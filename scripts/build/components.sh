@@ -3,7 +3,8 @@
 #
 #   scripts/build/components.sh                # etcd and kube-apiserver
 #   scripts/build/components.sh TARGET...      # any of the targets below, or a group:
-#                                                 #   control-plane, node, runtime, cni-plugins, secondary-cni, tools, all
+#                                                 #   control-plane, node, runtime, cni-plugins, secondary-cni, tools,
+#                                                 #   release-tools (registry, cosign), all
 #   scripts/build/components.sh --kube 1.34 control-plane node
 #                                                 # the Kubernetes binaries of an older minor (gomod/kubernetes-1.34)
 #
@@ -48,6 +49,8 @@ CRI_TOOLS_VERSION="$(modver cri-tools sigs.k8s.io/cri-tools)"
 CNI_VERSION="$(modver cni github.com/containernetworking/cni)"
 HELM_VERSION="$(modver helm helm.sh/helm/v3)"
 CNI_PLUGINS_VERSION="$(modver cni-plugins github.com/containernetworking/plugins)"
+REGISTRY_VERSION="$(modver registry github.com/distribution/distribution/v3)"
+COSIGN_VERSION="$(modver cosign github.com/sigstore/cosign/v2)"
 
 KUBE_MINOR="${KUBE_VERSION#v1.}"; KUBE_MINOR="${KUBE_MINOR%%.*}"
 # Version stamps, so that nodes and `kubectl version` say v1.37.2 and not v0.0.0-master.
@@ -71,6 +74,8 @@ target() {
             echo "cni-plugins|$CNI_PLUGINS_VERSION|github.com/containernetworking/plugins/plugins/main/${1#cni-}|$CNI_PLUGINS_LDFLAGS" ;;
         cni-host-local) echo "cni-plugins|$CNI_PLUGINS_VERSION|github.com/containernetworking/plugins/plugins/ipam/host-local|$CNI_PLUGINS_LDFLAGS" ;;
         helm) echo "helm|$HELM_VERSION|helm.sh/helm/v3/cmd/helm|-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
+        registry) echo "registry|$REGISTRY_VERSION|github.com/distribution/distribution/v3/cmd/registry|-X github.com/distribution/distribution/v3/version.version=$REGISTRY_VERSION" ;;
+        cosign) echo "cosign|$COSIGN_VERSION|github.com/sigstore/cosign/v2/cmd/cosign|-X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION" ;;
         *) log "unknown target $1"; exit 2 ;;
     esac
 }
@@ -83,8 +88,10 @@ expand() {
         cni-plugins) echo cni-bridge cni-host-local cni-loopback ;;
         secondary-cni) echo cni-macvlan cni-ipvlan cni-host-device ;;   # behind Multus (harness/cluster/multus.sh)
         tools) echo cnitool helm ;;
+        release-tools) echo registry cosign ;;   # release.sh --push and its test
         all) echo etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl dra-test-driver \
-                  containerd containerd-shim-runc-v2 ctr crictl cni-bridge cni-host-local cni-loopback cnitool helm ;;
+                  containerd containerd-shim-runc-v2 ctr crictl cni-bridge cni-host-local cni-loopback cnitool helm \
+                  registry cosign ;;
         *) echo "$1" ;;
     esac
 }
