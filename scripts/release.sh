@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make a release: every artefact an operator installs, with checksums, SBOMs and notes.
 #
-#   scripts/release.sh VERSION [--out DIR] [--allow-dirty]
+#   scripts/release.sh VERSION [--out DIR] [--allow-dirty] [--push REGISTRY [--sign-key KEY]]
 #
 # VERSION must be the project's one version (cni_plugin.__version__), the chart's version and
 # appVersion, and have a section "## [VERSION] - DATE" in docs/CHANGELOG.md; anything else is
@@ -33,6 +33,18 @@
 # file's mtime, the chart archive's entries' mtime and the SBOMs' creation time; files are listed
 # in sorted order. Run twice from the same commit, it writes the same bytes; the image's own
 # times are its lock's, so a cold rebuild of the image gives the same digest too.
+#
+# --push REGISTRY (host[:port]), once the directory is written: the image index, its platform
+# manifests, configs and layers, by digest, to REGISTRY/netclaim (tag VERSION; scripts/build/oci_push.py,
+# no docker), and the chart as an OCI artefact to oci://REGISTRY/charts/netclaim (helm push). Prints
+# "image REGISTRY/netclaim@sha256:..." and "chart REGISTRY/charts/netclaim@sha256:..." before DIR.
+# A loopback registry (localhost, 127.0.0.0/8, [::1]) is spoken to in plain HTTP, any other in HTTPS.
+# --sign-key KEY (cosign's private key, from `cosign generate-key-pair`; its password in
+# COSIGN_PASSWORD): signs both digests with cosign (scripts/build/components.sh cosign) and attests
+# on the image its SBOM and the plugins' (--type spdxjson) and a provenance statement
+# (--type slsaprovenance: the commit, conf/image/*.lock's sha256, the builder, NETCLAIM_BUILDER_ID
+# or this script), on the chart its SBOM. Key signing is offline: nothing is written to a
+# transparency log, so verify with `cosign verify --key cosign.pub --insecure-ignore-tlog`.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,6 +53,8 @@ PY=/usr/bin/python3.11
 VERSION=""
 OUT=""
 ALLOW_DIRTY=0
+PUSH=""
+SIGN_KEY=""
 
 log() { printf '[release] %s\n' "$*" >&2; }
 die() { printf '[release] error: %s\n' "$*" >&2; exit 1; }
@@ -49,12 +63,18 @@ while (($#)); do
     case "$1" in
         --out) OUT="${2:?--out needs a value}"; shift 2 ;;
         --allow-dirty) ALLOW_DIRTY=1; shift ;;
+        --push) PUSH="${2:?--push needs a registry (host[:port])}"; shift 2 ;;
+        --sign-key) SIGN_KEY="${2:?--sign-key needs a cosign private key file}"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown argument: $1" ;;
         *) [[ -z "$VERSION" ]] || die "one VERSION only (got $VERSION and $1)"; VERSION="$1"; shift ;;
     esac
 done
-[[ -n "$VERSION" ]] || die "usage: $0 VERSION [--out DIR] [--allow-dirty]"
+[[ -n "$VERSION" ]] || die "usage: $0 VERSION [--out DIR] [--allow-dirty] [--push REGISTRY [--sign-key KEY]]"
+[[ -z "$SIGN_KEY" || -n "$PUSH" ]] || die "--sign-key signs what --push pushed: give --push REGISTRY too"
+[[ -z "$SIGN_KEY" || -f "$SIGN_KEY" ]] || die "--sign-key $SIGN_KEY: no such file"
+REGISTRY_RE='^[][A-Za-z0-9.:-]+$'
+[[ -z "$PUSH" || "$PUSH" =~ $REGISTRY_RE ]] || die "--push wants a registry host[:port], not $PUSH"
 [[ "$VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.-]+)?$ ]] || die "VERSION must be semantic (1.2.3), not $VERSION"
 OUT="${OUT:-$ROOT/dist/$VERSION}"
 
@@ -252,7 +272,54 @@ main() {
     trap 'rm -rf "$WORK"' EXIT
     log "netclaim $VERSION ($SOURCE): image index $digest"
     (cd "$OUT" && ls -l >&2)
+    [[ -z "$PUSH" ]] || push_release "$digest"
     printf '%s\n' "$OUT"
+}
+
+# ------------------------------------------------------------------ registry: push, sign, attest
+
+# push_release DIGEST: the image index and the chart to $PUSH, then (--sign-key) signatures and
+# attestations on both digests. Prints the two pushed references.
+push_release() {
+    local digest="$1" name="netclaim-$VERSION" plain=() pushed chart_digest
+    case "${PUSH%%/*}" in localhost|localhost:*|127.*|"[::1]"*) plain=(--plain-http) ;; esac
+    local py="${NETCLAIM_PUSH_PYTHON:-$ROOT/.venv/bin/python}"
+    log "push: image index to $PUSH/netclaim:$VERSION"
+    pushed="$("$py" "$HERE/build/oci_push.py" "$OUT/$name.oci.tar" "$PUSH/netclaim:$VERSION" "${plain[@]}")" \
+        || die "pushing the image to $PUSH failed"
+    [[ "$pushed" == "$digest" ]] || die "the registry got index $pushed, not the release's $digest"
+    log "push: chart to oci://$PUSH/charts"
+    chart_digest="$(helm_ push "$OUT/$name.tgz" "oci://$PUSH/charts" "${plain[@]}" 2>&1 | tee /dev/stderr \
+                    | sed -n 's/^Digest:[[:space:]]*//p')"
+    [[ "$chart_digest" =~ ^sha256:[0-9a-f]{64}$ ]] || die "helm push printed no chart digest"
+    local image_ref="$PUSH/netclaim@$digest" chart_ref="$PUSH/charts/netclaim@$chart_digest"
+    [[ -z "$SIGN_KEY" ]] || sign_release "$image_ref" "$chart_ref" "${#plain[@]}"
+    printf 'image %s\nchart %s\n' "$image_ref" "$chart_ref"
+}
+
+# sign_release IMAGE_REF CHART_REF PLAIN: cosign signatures on both, and the attestations.
+sign_release() {
+    local image_ref="$1" chart_ref="$2" plain="$3" name="netclaim-$VERSION" cosign arch
+    cosign="${COSIGN:-$("$HERE/build/components.sh" cosign | tail -n 1)}"
+    [[ -x "$cosign" ]] || die "no cosign (scripts/build/components.sh cosign)"
+    local flags=(--key "$SIGN_KEY" --tlog-upload=false --yes)
+    ((plain == 0)) || flags+=(--allow-http-registry --allow-insecure-registry)
+    log "sign: $image_ref and $chart_ref"
+    "$cosign" sign "${flags[@]}" "$image_ref" >&2 || die "cosign sign $image_ref failed"
+    "$cosign" sign "${flags[@]}" "$chart_ref" >&2 || die "cosign sign $chart_ref failed"
+    log "attest: SBOMs and provenance"
+    attest_() { "$cosign" attest "${flags[@]}" --type "$1" --predicate "$2" "$3" >&2 || die "cosign attest $2 on $3 failed"; }
+    attest_ spdxjson "$OUT/$name.oci.tar.spdx.json" "$image_ref"
+    for arch in amd64 arm64; do attest_ spdxjson "$OUT/$name-linux-$arch.spdx.json" "$image_ref"; done
+    attest_ spdxjson "$OUT/$name.tgz.spdx.json" "$chart_ref"
+    local commit dirty=() tools=(--tool "helm=$(helm_ version --template '{{.Version}}')")
+    commit="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+    [[ "$SOURCE" != *"uncommitted changes"* ]] || dirty=(--dirty)
+    tools+=(--tool "cosign=$("$cosign" version --json 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["gitVersion"])')")
+    "$PY" "$HERE/build/provenance.py" --version "$VERSION" --commit "$commit" --epoch "$EPOCH" "${dirty[@]}" \
+        --builder "${NETCLAIM_BUILDER_ID:-scripts/release.sh}" "${tools[@]}" "$ROOT"/conf/image/*.lock \
+        >"$WORK/provenance.json"
+    attest_ slsaprovenance "$WORK/provenance.json" "$image_ref"
 }
 
 main
