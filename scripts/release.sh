@@ -17,6 +17,8 @@
 #                                        pinned to that digest
 #   netclaim-VERSION-linux-amd64         the static plugin (scripts/build-plugin.sh)
 #   netclaim-VERSION-linux-arm64         the same for arm64 (--arch arm64)
+#   kubectl-netclaim                     the kubectl plugin (scripts/operator/kubectl-netclaim), one
+#                                        standard-library Python file: `install -m 0755` it onto the PATH
 #   <each of the four>.spdx.json         an SPDX 2.3 SBOM (scripts/build/sbom.py)
 #   RELEASE-NOTES.md                     the version's section of docs/CHANGELOG.md
 #   SHA256SUMS                           `sha256sum -c SHA256SUMS` checks every file above
@@ -196,6 +198,8 @@ print("## Artefacts\n")
 print(f"- `netclaim-{version}.oci.tar`: the image for linux/amd64 and linux/arm64, image index `{digest}`")
 print(f"- `netclaim-{version}.tgz`: the Helm chart, `image.digest` pinned to `{digest}`")
 print(f"- `netclaim-{version}-linux-amd64`, `netclaim-{version}-linux-arm64`: the static CNI plugin")
+print("- `kubectl-netclaim`: the kubectl plugin (`status`, `why`, `fleet`, `bundle`), one Python 3.9+ file: "
+      "`install -m 0755 kubectl-netclaim /usr/local/bin/`")
 print("- `*.spdx.json`: an SPDX 2.3 SBOM of each; `SHA256SUMS`: `sha256sum -c SHA256SUMS`")
 print("\nInstalling, verifying and pushing a release: docs/install.md, \"Releases\".")
 PYEOF
@@ -244,6 +248,9 @@ main() {
             check_copy "$WORK/plugin-$arch/$file" "$(dirname "$bin")/SHA256SUMS" "$file"
         done
     done
+    # The kubectl plugin as it is in the tree (0644 like every file but the static plugins: a download
+    # keeps no mode, the install line sets it).
+    cp "$ROOT/scripts/operator/kubectl-netclaim" "$stage/kubectl-netclaim"
     log "chart, image.digest $digest"
     package_chart "$digest" "$stage/$name.tgz"
 
