@@ -116,11 +116,14 @@ build() {
     command -v go >/dev/null || { log "go toolchain not found; cannot build $name"; exit 1; }
     local work="$CACHE/build/$dir-$version"
     mkdir -p "$work"
-    if ! cmp -s "$HERE/gomod/$dir/go.mod" "$work/go.mod.src" || ! cmp -s "$HERE/gomod/$dir/tools.go" "$work/tools.go"; then
+    # An older Kubernetes minor's wrapper (kubernetes-1.34) has its own go.mod and the newest one's tools.go.
+    local tools="$HERE/gomod/$dir/tools.go"
+    [[ -f "$tools" ]] || tools="$HERE/gomod/${dir%%-*}/tools.go"
+    if ! cmp -s "$HERE/gomod/$dir/go.mod" "$work/go.mod.src" || ! cmp -s "$tools" "$work/tools.go"; then
         rm -rf "$work" && mkdir -p "$work"
         cp "$HERE/gomod/$dir/go.mod" "$work/go.mod"
         cp "$HERE/gomod/$dir/go.mod" "$work/go.mod.src"
-        cp "$HERE/gomod/$dir/tools.go" "$work/tools.go"
+        cp "$tools" "$work/tools.go"
         (cd "$work" && GOFLAGS=-mod=mod go mod tidy >"$work/tidy.log" 2>&1) || { cat "$work/tidy.log" >&2; exit 1; }
     fi
     log "building $name $version (a cold build takes minutes)"
