@@ -129,3 +129,27 @@ def start_watch(svc: Service) -> None:
 def interface_written(svc: Service, state: str) -> bool:
     """The journal holds `state` and the claim is marked for its reconcile (the apply follows)."""
     return live_state(svc) == state and dirty(svc)
+
+
+def published(svc: Service, cid: str = "c" * 64) -> dict[str, Any]:
+    """The entry the claim gets for the attachment: the ADD's with what the watch recorded over it."""
+    from publisher.live.status import shown_entry
+
+    att = svc.journal.attachment(cid, "eth0")
+    assert att is not None
+    return shown_entry(att.entry, att.live)
+
+
+def ready(entry: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in entry["conditions"] if c["type"] == "Ready")
+
+
+def address_flags(netns: str, cidr: str) -> set[str]:
+    """The IPv6 address's state words as `ip -6 addr` prints them ({'missing'} when absent)."""
+    out = subprocess.run(["ip", "-n", netns, "-6", "addr", "show", "dev", "eth0"], check=True, capture_output=True,
+                         text=True).stdout
+    for line in out.splitlines():
+        words = line.split()
+        if words[:2] == ["inet6", cidr]:
+            return {w for w in words if w in ("tentative", "dadfailed", "deprecated")}
+    return {"missing"}

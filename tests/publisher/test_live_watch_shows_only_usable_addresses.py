@@ -15,13 +15,22 @@ reconciler applies: `shown_entry` of the journal's row.
 from __future__ import annotations
 
 import subprocess
-from typing import Any
 
 import pytest
-from livewatch_kit import PodNetns, ip, journal_attachment, live_state, pod_netns, service, start_watch
+from livewatch_kit import (
+    PodNetns,
+    address_flags,
+    ip,
+    journal_attachment,
+    live_state,
+    pod_netns,
+    published,
+    ready,
+    service,
+    start_watch,
+)
 from publisher_testkit import wait_until
 
-from publisher.live.status import shown_entry
 from publisher.service import Service
 
 pytestmark = pytest.mark.netns
@@ -32,14 +41,8 @@ IPV4 = "10.77.0.5/24"  # pod_netns's address, usable from the start
 IPV6 = "fd00:77::5/64"
 
 
-def published(svc: Service, cid: str = "c" * 64) -> dict[str, Any]:
-    att = svc.journal.attachment(cid, "eth0")
-    assert att is not None
-    return shown_entry(att.entry, att.live)
 
 
-def ready(entry: dict[str, Any]) -> dict[str, Any]:
-    return next(c for c in entry["conditions"] if c["type"] == "Ready")
 
 
 def dad(ns: PodNetns, *, transmits: int, retrans_ms: int = 1000) -> None:
@@ -50,15 +53,6 @@ def dad(ns: PodNetns, *, transmits: int, retrans_ms: int = 1000) -> None:
                     f"net.ipv6.neigh.eth0.retrans_time_ms={retrans_ms}"], check=True, capture_output=True)
 
 
-def flags(ns: PodNetns, cidr: str) -> set[str]:
-    """The address's state words as `ip -6 addr` prints them ({'missing'} when absent)."""
-    out = subprocess.run(["ip", "-n", ns.name, "-6", "addr", "show", "dev", "eth0"], check=True, capture_output=True,
-                         text=True).stdout
-    for line in out.splitlines():
-        words = line.split()
-        if words[:2] == ["inet6", cidr]:
-            return {w for w in words if w in ("tentative", "dadfailed", "deprecated")}
-    return {"missing"}
 
 
 def test_a_tentative_address_is_shown_once_dad_completes(service: Service, pod_netns: PodNetns) -> None:
@@ -68,7 +62,7 @@ def test_a_tentative_address_is_shown_once_dad_completes(service: Service, pod_n
     start_watch(service)
 
     wait_until("AddressesPending recorded", lambda: live_state(service) == "AddressesPending", timeout=30)
-    assert flags(pod_netns, IPV6) == {"tentative"}
+    assert address_flags(pod_netns.name, IPV6) == {"tentative"}
     entry = published(service)
     assert entry["networkData"]["ips"] == [IPV4], entry
     assert ready(entry)["status"] == "False" and ready(entry)["reason"] == "AddressesPending", entry
@@ -80,7 +74,7 @@ def test_a_tentative_address_is_shown_once_dad_completes(service: Service, pod_n
     ip("-n", pod_netns.name, "addr", "add", IPV6, "dev", "eth0")
     wait_until("Ready with the address", lambda: live_state(service) == "Ready"
                and published(service)["networkData"].get("ips") == [IPV4, IPV6], timeout=30)
-    assert flags(pod_netns, IPV6) == set()
+    assert address_flags(pod_netns.name, IPV6) == set()
     assert ready(published(service))["status"] == "True"
 
 
@@ -88,7 +82,7 @@ def test_an_address_that_failed_dad_is_never_shown(service: Service, pod_netns: 
     dad(pod_netns, transmits=1)
     ip("-n", pod_netns.name, "addr", "add", IPV6, "dev", "peer0", "nodad")  # the host on the other end holds it
     ip("-n", pod_netns.name, "addr", "add", IPV6, "dev", "eth0")
-    wait_until("DAD to fail", lambda: "dadfailed" in flags(pod_netns, IPV6), timeout=30)
+    wait_until("DAD to fail", lambda: "dadfailed" in address_flags(pod_netns.name, IPV6), timeout=30)
     journal_attachment(service, pod_netns.path, pod_netns.mac(), ips=(IPV4, IPV6))
     start_watch(service)
 
@@ -100,7 +94,7 @@ def test_an_address_that_failed_dad_is_never_shown(service: Service, pod_netns: 
 
 def test_a_deprecated_address_is_not_shown(service: Service, pod_netns: PodNetns) -> None:
     ip("-n", pod_netns.name, "addr", "add", IPV6, "dev", "eth0", "nodad", "preferred_lft", "0")
-    assert flags(pod_netns, IPV6) == {"deprecated"}
+    assert address_flags(pod_netns.name, IPV6) == {"deprecated"}
     journal_attachment(service, pod_netns.path, pod_netns.mac(), ips=(IPV4, IPV6))
     start_watch(service)
 

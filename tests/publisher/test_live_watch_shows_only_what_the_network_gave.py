@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from livewatch_kit import (
@@ -28,6 +27,8 @@ from livewatch_kit import (
     live_state,
     made_pod_netns,
     pod_netns,
+    published,
+    ready,
     service,
     start_watch,
 )
@@ -35,7 +36,6 @@ from publisher_testkit import wait_until
 
 from publisher import limits
 from publisher.live.sandbox import Sandbox
-from publisher.live.status import shown_entry
 from publisher.live.watcher import LiveSettings
 from publisher.service import Service
 
@@ -48,15 +48,8 @@ PLANTED_IP = "192.0.2.66/32"
 PLANTED_MAC = "02:00:5e:00:53:66"
 
 
-def published(svc: Service, cid: str = "c" * 64) -> dict[str, Any]:
-    """The entry the claim gets for the attachment: the ADD's with what the watch recorded over it."""
-    att = svc.journal.attachment(cid, "eth0")
-    assert att is not None
-    return shown_entry(att.entry, att.live)
 
 
-def ready(entry: dict[str, Any]) -> dict[str, Any]:
-    return next(c for c in entry["conditions"] if c["type"] == "Ready")
 
 
 def test_an_address_and_a_mac_the_workload_sets_are_never_published(service: Service, pod_netns: PodNetns) -> None:

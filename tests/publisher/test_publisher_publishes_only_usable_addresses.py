@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from livewatch_kit import address_flags
 from publisher_testkit import Cluster, suffix, wait_until
 from test_publisher_netns import CNI_BIN, plugin_binary, run_plugin
 
@@ -26,15 +27,6 @@ def ready(device: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in device["conditions"] if c["type"] == "Ready")
 
 
-def flags(netns: str, cidr: str) -> set[str]:
-    """The address's state words as `ip -6 addr` prints them ({'missing'} when absent)."""
-    out = subprocess.run(["ip", "-n", netns, "-6", "addr", "show", "dev", "eth0"], check=True, capture_output=True,
-                         text=True).stdout
-    for line in out.splitlines():
-        words = line.split()
-        if words[:2] == ["inet6", cidr]:
-            return {w for w in words if w in ("tentative", "dadfailed", "deprecated")}
-    return {"missing"}
 
 
 def pyroute2_flags(netns: str, cidr: str) -> int:
@@ -111,14 +103,14 @@ def test_an_address_another_pod_holds_is_not_published(cluster: Cluster, publish
     duplicate, unique, ipv4 = f"{link.prefix}::5/64", f"{link.prefix}::6/64", f"10.{link.octet}.0.6/24"
     holder = link.pod_netns()
     link.primary_add(holder, [duplicate], PodRef(cluster.namespace, "holder", "uid-holder"))
-    wait_until("the holder's address usable", lambda: flags(holder, duplicate) == set(), timeout=30)
+    wait_until("the holder's address usable", lambda: address_flags(holder, duplicate) == set(), timeout=30)
 
     claim, uid = cluster.pod_with_claim("dadpod", [("nic", "nic0")])
     pod = PodRef(cluster.namespace, "dadpod", uid)
     netns = link.pod_netns()
     prev = link.primary_add(netns, [ipv4, duplicate, unique], pod)
-    wait_until("DAD's outcome on both addresses", lambda: "dadfailed" in flags(netns, duplicate)
-               and flags(netns, unique) == set(), timeout=30)
+    wait_until("DAD's outcome on both addresses", lambda: "dadfailed" in address_flags(netns, duplicate)
+               and address_flags(netns, unique) == set(), timeout=30)
     assert pyroute2_flags(netns, duplicate) & 0x08  # IFA_F_DADFAILED, as pyroute2 reads it
     link.netclaim_add(plugin, netns, prev, pod)
 
@@ -136,7 +128,7 @@ def test_a_tentative_address_is_published_once_dad_completes(cluster: Cluster, p
     # DAD of 6 probes, a second apart: the address stays tentative for about 6 s after the primary plugin.
     netns = link.pod_netns("net.ipv6.conf.default.dad_transmits=6", "net.ipv6.conf.default.accept_dad=1")
     prev = link.primary_add(netns, [ipv4, ipv6], pod)
-    assert flags(netns, ipv6) == {"tentative"} and pyroute2_flags(netns, ipv6) & 0x40
+    assert address_flags(netns, ipv6) == {"tentative"} and pyroute2_flags(netns, ipv6) & 0x40
     link.netclaim_add(plugin, netns, prev, pod)
 
     [device] = cluster.wait_devices(claim, lambda d: len(d) == 1)
@@ -144,5 +136,5 @@ def test_a_tentative_address_is_published_once_dad_completes(cluster: Cluster, p
     assert device["networkData"]["ips"] == [ipv4] and ipv6 in ready(device)["message"], device
 
     [device] = cluster.wait_devices(claim, lambda d: d and ready(d[0])["status"] == "True", timeout=60)
-    assert flags(netns, ipv6) == set()
+    assert address_flags(netns, ipv6) == set()
     assert device["networkData"]["ips"] == [ipv4, ipv6], device
