@@ -1,0 +1,287 @@
+"""`kubectl netclaim` (scripts/operator/kubectl-netclaim): the no-install diagnosis an operator runs.
+
+The plugin is one standard-library file: each run here copies nothing but it and a real kubectl
+(scripts/build/components.sh kubectl) into an empty directory, with PATH limited to that directory and
+/usr/bin (python3), and runs it as `kubectl netclaim ...`, as an operator who copied it onto the PATH would.
+
+The real-cluster cases share one cluster of their own (NETCLAIM_KPLUG_CLUSTER_DIR, default /tmp/nc-kplug) with
+the chart installed (the chart, not the systemd service: only the chart's publisher writes the node's heartbeat
+Lease and a ConfigMap naming its drivers, which `why` reads). Each case makes one situation and checks the
+verdict line `why` prints, and its exit code (0 all is well, 1 a cause). The publisher is stopped last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from deploylib import REPO, own_cluster
+
+sys.path.insert(0, str(REPO / "scripts" / "harness"))
+from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until
+
+PLUGIN = REPO / "scripts" / "operator" / "kubectl-netclaim"
+NAMESPACE = "netclaim-system"
+OTHER_DRIVER = "gpu.example.com"
+
+
+def kubectl_binary() -> str:
+    proc = subprocess.run([str(REPO / "scripts" / "build" / "components.sh"), "kubectl"], capture_output=True,
+                          text=True, check=True, timeout=3600)
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def plugin_dir() -> Iterator[Path]:
+    """A directory holding only the plugin and kubectl: what an operator's PATH gets."""
+    with tempfile.TemporaryDirectory(prefix="nc-kplug-bin-") as tmp:
+        here = Path(tmp)
+        (here / "kubectl-netclaim").write_bytes(PLUGIN.read_bytes())
+        (here / "kubectl-netclaim").chmod(0o755)
+        (here / "kubectl").symlink_to(kubectl_binary())
+        yield here
+
+
+def run_plugin(plugin_dir: Path, *args: str, kubeconfig: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
+    """`kubectl netclaim ARGS` from an empty working directory, PATH = the plugin's dir and /usr/bin."""
+    env = {"PATH": f"{plugin_dir}:/usr/bin", "HOME": str(plugin_dir)}
+    if kubeconfig:
+        env["KUBECONFIG"] = kubeconfig
+    with tempfile.TemporaryDirectory(prefix="nc-kplug-cwd-") as cwd:
+        return subprocess.run(["kubectl", "netclaim", *args], capture_output=True, text=True, env=env, cwd=cwd,
+                              timeout=timeout, check=False)
+
+
+def load_plugin() -> ModuleType:
+    """The plugin's file as a module (it has no .py suffix: it is a kubectl plugin)."""
+    loader = importlib.machinery.SourceFileLoader("kubectl_netclaim", str(PLUGIN))
+    spec = importlib.util.spec_from_loader("kubectl_netclaim", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------------------------ no cluster
+
+
+def test_kubectl_finds_the_plugin_and_its_help_lists_the_subcommands(plugin_dir: Path) -> None:
+    proc = run_plugin(plugin_dir, "--help")
+    assert proc.returncode == 0, proc.stderr
+    for sub in ("status", "why", "fleet", "bundle"):
+        assert sub in proc.stdout, proc.stdout
+    listed = subprocess.run(["kubectl", "plugin", "list"], capture_output=True, text=True, check=False,
+                            env={"PATH": f"{plugin_dir}:/usr/bin", "HOME": str(plugin_dir)})
+    assert f"{plugin_dir}/kubectl-netclaim" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_the_bundle_scrubber_removes_a_bearer_token_and_a_pem_key() -> None:
+    scrub = load_plugin().scrub
+    token = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQifQ.c2lnbmF0dXJlX2J5dGVz"
+    key = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n-----END PRIVATE KEY-----"
+    text = (f'level=info msg="api request" Authorization: Bearer opaque-Token_value.123==\n'
+            f'{{"token": "{token}", "claim": "ns/net-abc"}}\nkey:\n{key}\nconflist=10-bridge.conflist ok\n')
+    out = scrub(text)
+    assert "opaque-Token_value.123" not in out and token not in out and "BEGIN PRIVATE KEY" not in out, out
+    assert "MIIEvQIBADAN" not in out, out
+    # What is not a credential stays, so the bundle still says what happened.
+    assert "ns/net-abc" in out and "conflist=10-bridge.conflist ok" in out and 'msg="api request"' in out, out
+
+
+# ------------------------------------------------------------------------------------------ a real cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RealCluster]:
+    yield from own_cluster("NETCLAIM_KPLUG_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-kplug"))
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: RealCluster) -> RealCluster:
+    """The chart installed as docs/install.md gives it, with a 10 s heartbeat (so a stopped publisher's Lease is
+    stale 30 s later), netclaim chained."""
+    from chartlib import CHART, helm
+    from runtime.nodechart import build_image
+    from test_daemonset_cluster import RELEASE, NodeFiles
+    from test_kubernetes_versions import values
+
+    files = NodeFiles(cluster)
+    cluster.sh("import-image", build_image(), timeout=900)
+    files.run.mkdir(parents=True, exist_ok=True)
+    helm("upgrade", "--install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
+         *values(cluster, files, files.run / "boot-id"), "--set", "nodeLease.period=10", "--wait",
+         "--timeout", "300s", kubeconfig=cluster.kubeconfig, timeout=400)
+    wait_until(lambda: files.chained(files.conflist), "netclaim chained into the node's conflist", timeout=120)
+    wait_until(lambda: cluster.kubectl("get", "lease", "-n", NAMESPACE, f"{RELEASE}-node-{cluster.node}",
+                                       check=False).strip(), "the node's heartbeat Lease", timeout=120)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def ns(installed: RealCluster) -> str:
+    return installed.namespace(f"kp-{uuid.uuid4().hex[:6]}")
+
+
+def why(plugin_dir: Path, cluster: RealCluster, ns: str, name: str) -> tuple[int, str]:
+    proc = run_plugin(plugin_dir, "why", name, "-n", ns, kubeconfig=cluster.kubeconfig)
+    assert proc.returncode in (0, 1), f"why {name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    print(f"why {name}: exit {proc.returncode}: {proc.stdout.strip()}")
+    return proc.returncode, proc.stdout
+
+
+def verdict_until(plugin_dir: Path, cluster: RealCluster, ns: str, name: str, wanted: str,
+                  timeout: float = 180) -> tuple[int, str]:
+    """`why` run again until its verdict line holds `wanted` (the situation takes a while to arise)."""
+    seen: list[str] = []
+
+    def look() -> tuple[int, str] | None:
+        code, out = why(plugin_dir, cluster, ns, name)
+        seen[:] = [out]
+        return (code, out) if wanted in out else None
+    try:
+        return wait_until(look, f"`why {name}` to say {wanted!r}", timeout=timeout, interval=2)
+    except Exception:
+        print("last verdict:", seen)
+        raise
+
+
+def published_pod(cluster: RealCluster, ns: str, name: str) -> dict[str, Any]:
+    """A pod with a claim of netclaim's driver, Running, its entry Ready=True; the entry."""
+    cluster.claim_template(ns, "net")
+    cluster.pod(ns, name, template="net")
+    cluster.wait_running(ns, name, timeout=180)
+    claim = cluster.pod_claim(ns, name)
+
+    def ready() -> dict[str, Any] | None:
+        mine = entries_of(cluster.claim_yaml(ns, claim), cluster.driver)
+        return mine[0] if len(mine) == 1 and ready_status(mine[0]) == "True" else None
+    return wait_until(ready, f"{ns}/{claim}'s entry Ready=True", timeout=120)
+
+
+@pytest.fixture(scope="module")
+def healthy(installed: RealCluster, ns: str) -> dict[str, Any]:
+    return published_pod(installed, ns, "healthy")
+
+
+def test_why_says_all_is_well_for_a_published_pod(plugin_dir: Path, installed: RealCluster, ns: str,
+                                                  healthy: dict[str, Any]) -> None:
+    code, out = why(plugin_dir, installed, ns, "healthy")
+    assert code == 0 and out.startswith("OK: pod healthy"), out
+
+
+def test_status_shows_the_ips_and_mac_the_pods_netns_has(plugin_dir: Path, installed: RealCluster, ns: str,
+                                                          healthy: dict[str, Any]) -> None:
+    proc = run_plugin(plugin_dir, "status", "healthy", "-n", ns, "-o", "json", kubeconfig=installed.kubeconfig)
+    assert proc.returncode == 0, proc.stderr
+    (claim,) = json.loads(proc.stdout)["claims"]
+    (device,) = claim["devices"]
+    live = installed.interface(ns, "healthy", device["interface"])
+    assert device["mac"].lower() == live.mac.lower(), (device, live)
+    assert device["ips"] and set(device["ips"]) <= set(live.cidrs), (device, live)
+    assert device["ready"] == "True" and not device["mismatch"], device
+    table = run_plugin(plugin_dir, "status", "healthy", "-n", ns, kubeconfig=installed.kubeconfig)
+    assert live.mac.lower() in table.stdout.lower() and device["ips"][0] in table.stdout, table.stdout
+
+
+def test_bundle_holds_the_listed_parts_and_no_token(plugin_dir: Path, installed: RealCluster,
+                                                    healthy: dict[str, Any]) -> None:
+    from runtime.nodechart import daemonset_pods
+    from test_daemonset_cluster import NodeFiles
+
+    pod = daemonset_pods(installed)[installed.node]["metadata"]["name"]
+    token = installed.kubectl("exec", "-n", NAMESPACE, pod, "-c", "publisher", "--",
+                              "/opt/netclaim/venv/bin/python", "-c",
+                              "print(open('/var/run/secrets/kubernetes.io/serviceaccount/token').read())").strip()
+    assert len(token) > 100, "the publisher's token (the positive control of the grep below)"
+    with tempfile.TemporaryDirectory(prefix="nc-kplug-out-") as out:
+        archive = Path(out) / "b.tar.gz"
+        proc = run_plugin(plugin_dir, "bundle", installed.node, "-o", str(archive), kubeconfig=installed.kubeconfig)
+        assert proc.returncode == 0, proc.stderr
+        with tarfile.open(archive) as tar:
+            files = {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode() for m in tar.getmembers()}
+    for part in ("MANIFEST", "status.json", "journal-summary.json", "metrics.txt", "conflists.json",
+                 "logs/publisher.log", "logs/chain-keeper.log", "lease.json", "events-node.json"):
+        assert part in files, (part, sorted(files), files.get("MANIFEST"))
+        assert part == "MANIFEST" or f"  {part} (" in files["MANIFEST"], files["MANIFEST"]
+    assert "netclaim_journal_depth" in files["metrics.txt"]
+    assert "journal_schema" in json.loads(files["journal-summary.json"])
+    conflist = NodeFiles(installed).conflist
+    (listed,) = [c for c in json.loads(files["conflists.json"]) if c["file"] == conflist.name]
+    assert listed["sha256"] == hashlib.sha256(conflist.read_bytes()).hexdigest() and listed["netclaim"], listed
+    everything = "\n".join(files.values())
+    assert token not in everything and token[:40] not in everything
+    assert "BEGIN" not in everything
+
+
+def test_why_names_a_claim_that_is_not_allocated(plugin_dir: Path, installed: RealCluster, ns: str) -> None:
+    installed.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nc-none"},
+                     "spec": {"selectors": [{"cel": {"expression": 'device.driver == "none.example.com"'}}]}})
+    installed.claim(ns, "nowhere", device_class="nc-none")
+    installed.pod(ns, "pending", claim="nowhere")
+    code, out = verdict_until(plugin_dir, installed, ns, "pending", "is not allocated")
+    assert code == 1 and out.startswith("CAUSE: claim nowhere is not allocated"), out
+    assert "FIX: " in out
+
+
+def test_why_names_a_claim_of_another_driver_only(plugin_dir: Path, installed: RealCluster, ns: str) -> None:
+    with installed.second_driver(OTHER_DRIVER):
+        installed.claim(ns, "gpu", device_class=OTHER_DRIVER)
+        installed.pod(ns, "gpu-pod", claim="gpu")
+        installed.wait_running(ns, "gpu-pod", timeout=180)
+        code, out = why(plugin_dir, installed, ns, "gpu-pod")
+    assert code == 1, out
+    assert f"CAUSE: claim gpu is allocated only to {OTHER_DRIVER}, which netclaim does not serve" in out, out
+
+
+def test_why_names_an_entry_that_is_not_ready_and_what_it_means(plugin_dir: Path, installed: RealCluster,
+                                                                ns: str) -> None:
+    published_pod(installed, ns, "downed")
+    subprocess.run(["nsenter", f"--net={installed.netns(ns, 'downed')}", "ip", "link", "set", "eth0", "down"],
+                   check=True, timeout=30)
+    code, out = verdict_until(plugin_dir, installed, ns, "downed", "reason LinkDown")
+    assert code == 1 and "Ready=False reason LinkDown" in out, out
+    assert "FIX: the interface is administratively down" in out, out
+
+
+def publisher_pid(cluster: RealCluster) -> int:
+    """The host pid of the publisher container's process on the node (crictl, this cluster's runtime)."""
+    from runtime.nodechart import daemonset_pods
+
+    pod = daemonset_pods(cluster)[cluster.node]["metadata"]["name"]
+    (container,) = cluster.crictl("ps", "--name", "^publisher$", "--pod",
+                                  cluster.crictl("pods", "--name", pod, "-q").split()[0], "-q").split()
+    return int(json.loads(cluster.crictl("inspect", container))["info"]["pid"])
+
+
+def test_why_names_a_stopped_publisher_by_its_stale_lease(plugin_dir: Path, installed: RealCluster, ns: str,
+                                                          healthy: dict[str, Any]) -> None:
+    """Last. The publisher's process is stopped (SIGSTOP: hung, as a publisher stuck in the kernel or starved
+    is); its pod stays, and with it the Lease (owned by the pod), which nothing renews: stale 30 s later
+    (nodeLease.period 10 s, three periods). The kubelet's liveness probe restarts the container a while after
+    (3 failures 10 s apart, then the termination grace): `why` is asked until then."""
+    pid = publisher_pid(installed)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        code, out = verdict_until(plugin_dir, installed, ns, "healthy", "stale", timeout=240)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # restarted by the kubelet meanwhile
+    assert code == 1 and out.startswith(f"CAUSE: node {installed.node}: stale: last heartbeat"), out
+    assert "FIX: the publisher on" in out, out
