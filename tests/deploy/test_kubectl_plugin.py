@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,8 @@ import pytest
 from deploylib import REPO, own_cluster
 
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
+from datetime import UTC
+
 from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until
 
 PLUGIN = REPO / "scripts" / "operator" / "kubectl-netclaim"
@@ -285,3 +288,38 @@ def test_why_names_a_stopped_publisher_by_its_stale_lease(plugin_dir: Path, inst
             pass  # restarted by the kubelet meanwhile
     assert code == 1 and out.startswith(f"CAUSE: node {installed.node}: stale: last heartbeat"), out
     assert "FIX: the publisher on" in out, out
+
+
+def lease(name: str, holder: str, renewed_ago: float, duration: int, state: dict[str, Any]) -> dict[str, Any]:
+    from datetime import datetime, timedelta
+
+    renew = (datetime.now(UTC) - timedelta(seconds=renewed_ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"metadata": {"name": name, "annotations": {"netclaim.dev/node-state": json.dumps(state)}},
+            "spec": {"holderIdentity": holder, "renewTime": renew, "leaseDurationSeconds": duration}}
+
+
+LEASES = {
+    "fresh and chained": lease("netclaim-node-a", "a", 5, 1800, {"chained": "yes", "keeper": "answered"}),
+    "stale": lease("netclaim-node-b", "b", 1900, 1800, {"chained": "yes", "keeper": "answered"}),
+    "stale by the cap": lease("netclaim-node-c", "c", 11000, 10**8, {"chained": "yes", "keeper": "answered"}),
+    "not chained": lease("netclaim-node-d", "d", 5, 1800, {
+        "chained": "no", "conflist": "10-x.conflist", "keeper": "answered",
+        "chain": "not chained conflist=10-x.conflist problem=no network config"}),
+    "contested": lease("netclaim-node-e", "e", 5, 1800, {"chained": "yes", "contested": ["10-x.conflist"]}),
+    "keeper unreachable": lease("netclaim-node-f", "f", 5, 1800, {"chained": "unknown", "keeper": "unreachable"}),
+    "in the future": lease("netclaim-node-g", "g", -3600, 1800, {"chained": "yes", "keeper": "answered"}),
+    "foreign": lease("netclaim-node-h", "i", 5, 1800, {"chained": "yes"}),
+    "control characters": lease("netclaim-node-j", "j", 5, 1800, {"chained": "yes", "version": "0.2\x1b[2J"}),
+}
+
+
+@pytest.mark.parametrize("case", list(LEASES))
+def test_the_plugins_fleet_judges_a_lease_as_netclaim_publisher_fleet_does(case: str) -> None:
+    """The plugin carries its own copy of the judgement (it imports nothing of netclaim's): the same problems."""
+    from publisher.observe.fleet import row_of
+
+    ours = load_plugin().judge_lease(LEASES[case], "netclaim-node-", time.time())
+    theirs = row_of(LEASES[case], time.time(), "netclaim-node-")
+    assert [p.split(":")[0] for p in ours.problems] == [p.split(":")[0] for p in theirs.problems], (ours, theirs)
+    assert ours.stale == theirs.stale and ours.node == theirs.node
+    assert bool(ours.problems) == (case != "fresh and chained"), ours  # each case but the first is a problem
