@@ -1,8 +1,8 @@
-"""netclaim's CNI plugin package.
+"""netclaim's CNI plugin package; `wire/` and `lean/` are the contract both programs share.
 
-`__version__` is the one version of the netclaim distribution (setup.cfg reads
-it with `attr:`; the publisher, the chart and the image take it from here), so
-it is a plain constant: this module runs on every pod start.
+`__version__` is re-exported from `wire/version.py`, the one place the version is written.
 """
 
-__version__ = "0.2.0"
+from .wire.version import __version__
+
+__all__ = ["__version__"]

@@ -7,9 +7,12 @@ when needed), hands an event to the publisher and returns the JSON to print
 
 from __future__ import annotations
 
-from . import handoff, results, wire
+from . import handoff
+from .wire import results
+from .wire.event import Event, PodRef
+from .wire.spool import spool_problem
 from .config import LATEST_VERSION, SUPPORTED_VERSIONS, Env, NetConf
-from .errors import CHECK_DRIFT, NOT_AVAILABLE, CNIError, config_error
+from .lean.errors import CHECK_DRIFT, NOT_AVAILABLE, CNIError, config_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,9 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
 GC_ATTACHMENT = "*"  # container_id/ifname of a GC event: it covers the whole network
 
 
-def _event(op: str, env: Env, conf: NetConf, **fields: Any) -> wire.Event:
+def _event(op: str, env: Env, conf: NetConf, **fields: Any) -> Event:
     pod = env.pod
-    return wire.Event(
+    return Event(
         op=op,
         container_id=env.container_id or GC_ATTACHMENT,
         ifname=env.ifname or GC_ATTACHMENT,
@@ -32,7 +35,7 @@ def _event(op: str, env: Env, conf: NetConf, **fields: Any) -> wire.Event:
         network=conf.name,
         request=conf.request,
         device_id=conf.device_id,
-        pod=wire.PodRef(*pod) if pod else None,
+        pod=PodRef(*pod) if pod else None,
         cni_version=conf.cni_version,
         **fields,
     )
@@ -128,7 +131,7 @@ def _check_device_id(conf: NetConf, current: dict[str, Any], index: int | None, 
     pci = current["interfaces"][index].get("pciID")
     if not isinstance(pci, str) or not pci:
         return
-    from .deviceid import normalize, problem
+    from .wire.deviceid import normalize, problem
 
     if problem(pci):
         log.warning("the result's pciID is not used", why=problem(pci))
@@ -252,14 +255,14 @@ def cmd_status(env: Env, conf: NetConf, log: Log) -> None:
     """Under failurePolicy Fail: not ready (50) when an ADD would fail now, i.e.
     root's publisher does not accept a connection on the socket and the spool
     cannot take an event. The spool is checked the way ADD uses it, short of
-    writing an event (wire.spool_problem: open/create the dir safely, caps,
+    writing an event (spool.spool_problem: open/create the dir safely, caps,
     free space and inodes, a probe file). Under Ignore an ADD never fails on
     the hand-off, so STATUS is always ready."""
     if conf.failure_policy != "Fail":
         return None
     if handoff.socket_accepts(conf.socket_path, conf.ack_timeout):
         return None
-    problem = wire.spool_problem(conf.spool_dir, conf.spool_max_files, conf.spool_max_bytes)
+    problem = spool_problem(conf.spool_dir, conf.spool_max_files, conf.spool_max_bytes)
     if not problem:
         return None
     log.error("STATUS: not ready", socketPath=conf.socket_path, spoolDir=conf.spool_dir, spoolError=problem)

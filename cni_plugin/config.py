@@ -11,14 +11,14 @@ module runs on every pod start.
 
 from __future__ import annotations
 
-from .errors import (
+from .lean.errors import (
     DECODING_FAILURE,
     INCOMPATIBLE_VERSION,
     INVALID_ENVIRONMENT,
     CNIError,
     config_error,
 )
-from .jsonio import MAX_JSON_DEPTH, JSONError, loads, too_deep
+from .lean.jsonio import MAX_JSON_DEPTH, JSONError, loads, too_deep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -445,7 +445,7 @@ DEVICE_ID_KEYS = (("runtimeConfig", "deviceID"), ("", "deviceID"), ("", "pciBusI
 def device_id(raw: dict[str, Any]) -> str:
     """The device ID this attachment was given, normalised ('' when none): error 7 naming the
     field when one is not a string of a sane length."""
-    from .deviceid import normalize, problem
+    from .wire.deviceid import normalize, problem
 
     for block_key, key in DEVICE_ID_KEYS:
         block = raw.get(block_key) if block_key else raw

@@ -22,7 +22,7 @@ start and stop.
 The socket counts only when root serves it (SO_PEERCRED of the listener):
 an event sent to a socket someone else bound at the configured path would
 be lost (and leak pod details), so that is "publisher unavailable" and the
-event is spooled. An event over wire.MAX_EVENT_BYTES goes nowhere: under
+event is spooled. An event over MAX_EVENT_BYTES goes nowhere: under
 failurePolicy Fail it is a config error (7: the prevResult is too large for
 netclaim to report, and retrying cannot change that), under Ignore a logged drop.
 """
@@ -34,11 +34,13 @@ import time
 
 import _socket
 
-from . import posixos as os
-from . import wire
-from .errors import TRY_AGAIN_LATER, CNIError, config_error
-from .jsonio import JSONError, dumps, loads
-from .safefs import open_dir, open_private_dir, read_at, write_file_at
+from .lean import posixos as os
+from .lean.errors import TRY_AGAIN_LATER, CNIError, config_error
+from .lean.jsonio import JSONError, dumps, loads
+from .wire.event import Event, EventTooLarge, WireError, encode_event
+from .wire.frame import event_frame, read_frame
+from .wire.spool import SpoolFull, write_spool
+from .lean.safefs import open_dir, open_private_dir, read_at, write_file_at
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,7 +51,7 @@ ACKED = "acked"
 SPOOLED = "spooled"
 DROPPED = "dropped"  # spool at its cap: counted in the overflow marker
 LOST = "lost"
-TOO_LARGE = "too-large"  # over wire.MAX_EVENT_BYTES: refused on both channels
+TOO_LARGE = "too-large"  # over MAX_EVENT_BYTES: refused on both channels
 
 
 class _Deadline:
@@ -89,24 +91,24 @@ def check_peer(sock: _socket.socket, socket_path: str) -> None:
         raise PermissionError(1, f"{socket_path} is served by uid {uid}, not root: not the publisher")
 
 
-def send(socket_path: str, data: bytes | wire.Event, timeout: float) -> str:
-    """Deliver an event (or its wire.encode_event bytes) within `timeout` seconds in all.
+def send(socket_path: str, data: bytes | Event, timeout: float) -> str:
+    """Deliver an event (or its encode_event bytes) within `timeout` seconds in all.
 
     Returns the acked event id or raises.
     """
-    if isinstance(data, wire.Event):
-        data = wire.encode_event(data)
+    if isinstance(data, Event):
+        data = encode_event(data)
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         conn = _Deadline(sock, timeout)
         conn.connect(socket_path)
         check_peer(sock, socket_path)
-        conn.sendall(wire.event_frame(data))
-        reply = wire.read_frame(conn)
+        conn.sendall(event_frame(data))
+        reply = read_frame(conn)
     finally:
         sock.close()
     if reply.get("ok") is not True:
-        raise wire.WireError(f"publisher rejected the event: {reply.get('error', 'no reason given')}")
+        raise WireError(f"publisher rejected the event: {reply.get('error', 'no reason given')}")
     return str(reply.get("id", ""))
 
 
@@ -124,7 +126,7 @@ def socket_accepts(socket_path: str, timeout: float) -> bool:
         sock.close()
 
 
-def deliver(event: wire.Event, conf: NetConf, log: Log, *, may_fail: bool) -> str:
+def deliver(event: Event, conf: NetConf, log: Log, *, may_fail: bool) -> str:
     """ACKED, SPOOLED, or (only under failurePolicy Ignore, or when `may_fail`
     is False, e.g. DEL, which must always succeed) DROPPED/LOST/TOO_LARGE.
     Raises CNIError otherwise: 7 for an event over the cap, 11 when neither
@@ -133,22 +135,22 @@ def deliver(event: wire.Event, conf: NetConf, log: Log, *, may_fail: bool) -> st
     clears when the publisher returns or space is freed, and the runtime
     retries the sandbox. The errno text is in `details`."""
     try:
-        data = wire.encode_event(event)
-    except wire.EventTooLarge as exc:
+        data = encode_event(event)
+    except EventTooLarge as exc:
         return _too_large(event, conf, log, str(exc), may_fail)
     try:
         send(conf.socket_path, data, conf.ack_timeout)
         return ACKED
-    except (OSError, EOFError, wire.WireError) as exc:
+    except (OSError, EOFError, WireError) as exc:
         socket_error = f"{type(exc).__name__}: {exc}"
     outcome = LOST
     try:
         if not conf.spool_dir:
             raise OSError(22, "no valid spoolDir")
-        path = wire.write_spool(conf.spool_dir, event, conf.spool_max_files, conf.spool_max_bytes, data=data)
+        path = write_spool(conf.spool_dir, event, conf.spool_max_files, conf.spool_max_bytes, data=data)
         log.info("event spooled", op=event.op, eventID=event.event_id, spoolFile=path, socketError=socket_error)
         return SPOOLED
-    except wire.SpoolFull as exc:
+    except SpoolFull as exc:
         outcome = DROPPED
         spool_error = f"SpoolFull: {exc.strerror}"
     except OSError as exc:
@@ -202,7 +204,7 @@ def _wait_for_publisher(conf: NetConf, data: bytes) -> float | None:
         try:
             send(conf.socket_path, data, max(0.001, min(conf.ack_timeout, deadline - time.monotonic())))
             return time.monotonic() - start
-        except (OSError, EOFError, wire.WireError):
+        except (OSError, EOFError, WireError):
             continue
 
 
@@ -309,7 +311,7 @@ def _iso(when: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
 
 
-def _too_large(event: wire.Event, conf: NetConf, log: Log, problem: str, may_fail: bool) -> str:
+def _too_large(event: Event, conf: NetConf, log: Log, problem: str, may_fail: bool) -> str:
     """An event over the cap is never handed off: a config error under Fail, a logged drop otherwise."""
     log.error("event not handed off: too large", op=event.op, eventID=event.event_id, outcome=TOO_LARGE,
               error=problem)

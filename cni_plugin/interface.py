@@ -7,11 +7,11 @@ state), so a plain report-only IPv4 ADD never pays for netlink or setns.
 
 from __future__ import annotations
 
-from . import posixos as os
+from .lean import posixos as os
 from .config import InterfaceConf, sysctl_path_parts
-from .errors import INTERFACE_NOT_FOUND, INVALID_NETWORK_CONFIG, IO_FAILURE, UNKNOWN_CONTAINER, CNIError
-from .netlink import TENTATIVE, Link, RtNetlink, format_cidr, ipv6_address_events, parse_cidr, unusable
-from .netns import NetNS
+from .lean.errors import INTERFACE_NOT_FOUND, INVALID_NETWORK_CONFIG, IO_FAILURE, UNKNOWN_CONTAINER, CNIError
+from .lean.netlink import TENTATIVE, Link, RtNetlink, format_cidr, ipv6_address_events, parse_cidr, unusable
+from .lean.netns import NetNS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import time
 
-from . import posixos as os
-from .jsonio import dumps
+from .lean import posixos as os
+from .lean.jsonio import dumps
 
 MAX_LOG_BYTES = 1 << 20  # one MiB per file: plugin.log plus plugin.log.1
 ROTATED_SUFFIX = ".1"
@@ -104,7 +104,7 @@ def _open_log(path: str) -> int:
     exists); the file is created 0600 with O_NOFOLLOW relative to it and
     checked after the open (module docstring), the new file after a rotation too.
     """
-    from .safefs import open_dir
+    from .lean.safefs import open_dir
 
     dfd = open_dir(os.path.dirname(path), 0o750)
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from . import posixos as os
+from .lean import posixos as os
 from .config import (
     LATEST_VERSION,
     MAX_STDIN_BYTES,
@@ -27,8 +27,8 @@ from .config import (
     tolerant_netconf,
     version_at_least,
 )
-from .errors import INCOMPATIBLE_VERSION, INTERNAL_ERROR, IO_FAILURE, CNIError
-from .jsonio import dumps
+from .lean.errors import INCOMPATIBLE_VERSION, INTERNAL_ERROR, IO_FAILURE, CNIError
+from .lean.jsonio import dumps
 from .log import Log
 
 TYPE_CHECKING = False
@@ -224,7 +224,7 @@ def _by_hand(environ: Mapping[str, str], stdin: IO[bytes], argv: list[str]) -> b
 
 def _manual(argv: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> int:
     """`netclaim --help`, `--version`, or run by hand: say what this is (like libcni's skel)."""
-    from . import __version__
+    from .wire.version import __version__
 
     if argv[:1] == ["--version"]:
         stdout.write(f"netclaim {__version__}\nCNI protocol versions supported: {', '.join(SUPPORTED_VERSIONS)}\n".encode())

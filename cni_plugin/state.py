@@ -10,9 +10,9 @@ contain it (CNI names are [a-zA-Z0-9_.-], interface names exclude ':').
 
 from __future__ import annotations
 
-from . import posixos as os
-from .jsonio import JSONError, dumps, loads
-from .safefs import open_dir, open_private_dir, write_file_at
+from .lean import posixos as os
+from .lean.jsonio import JSONError, dumps, loads
+from .lean.safefs import open_dir, open_private_dir, write_file_at
 
 SUFFIX = ".state.json"
 

@@ -30,7 +30,9 @@ from cni_plugin.config import (
     DEFAULT_SPOOL_MAX_FILES,
     INT_SETTINGS,
 )
-from cni_plugin.wire import DEFAULT_SOCKET, DEFAULT_SPOOL_DIR, PROTOCOL_VERSION, encode_frame, read_frame
+from cni_plugin.wire.event import PROTOCOL_VERSION
+from cni_plugin.wire.frame import DEFAULT_SOCKET, encode_frame, read_frame
+from cni_plugin.wire.spool import DEFAULT_SPOOL_DIR
 from publisher import limits
 from publisher.observe import nodelease
 from publisher.observe.fleet import fleet

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cni_plugin.wire import Event
+from cni_plugin.wire.event import Event
 
 from publisher import limits
 from publisher import logs

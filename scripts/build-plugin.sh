@@ -194,7 +194,7 @@ cache_key() {
         libpython_version
         if [[ "$ARCH" == arm64 ]]; then printf 'arm64 %s %s\n' "$(cat "$SYSROOT/.complete")" \
             "$(dpkg-query -W -f='${Version}' gcc-aarch64-linux-gnu libc6-dev-arm64-cross)"; fi
-        (cd "$ROOT" && sha256sum cni_plugin/*.py scripts/build/bundle/* scripts/build-plugin.sh)
+        (cd "$ROOT" && find cni_plugin -name "*.py" -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; sha256sum scripts/build/bundle/* scripts/build-plugin.sh)
     } | sha256sum | cut -c1-16
 }
 

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cni_plugin.config import INT_SETTINGS, LATEST_VERSION, STRING_SETTINGS, parse_netconf
-from cni_plugin.errors import CNIError
+from cni_plugin.lean.errors import CNIError
 from publisher import limits
 
 PLUGIN_TYPE = "netclaim"

@@ -17,7 +17,8 @@ import struct
 import threading
 from typing import Any, Callable
 
-from cni_plugin.wire import MAX_FRAME, Event, NewerVersion, WireError, encode_frame, read_frame
+from cni_plugin.wire.event import Event, NewerVersion, WireError
+from cni_plugin.wire.frame import encode_frame, MAX_FRAME, read_frame
 
 from publisher import logs
 from publisher.observe.metrics import Metrics

@@ -22,7 +22,7 @@ A file that does not parse is quarantined (renamed `.bad`, counted
 plugin never leaves one. One written before this boot started is a write the
 crash tore (the plugin does not fsync): it is deleted and counted
 `earlier_boot`, with one info line and no fault. A file of a newer wire
-version (cni_plugin/wire.py NewerVersion) is neither: it is kept for a newer
+version (cni_plugin/wire/event.py NewerVersion) is neither: it is kept for a newer
 publisher, counted `newer_version` once, and skipped by this process, which
 cannot learn that version while it runs; the next start reads it again.
 """
@@ -34,8 +34,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from cni_plugin.wire import (Event, NewerVersion, WireError, list_spool, on_unknown_fields, read_spool,
-                             take_overflow)
+from cni_plugin.wire.event import Event, NewerVersion, on_unknown_fields, WireError
+from cni_plugin.wire.spool import list_spool, read_spool, take_overflow
 
 from publisher import limits
 from publisher import logs

@@ -1,6 +1,6 @@
 """The order of events across boots: which of two stamps happened first.
 
-A stamp is [boot id, CLOCK_BOOTTIME ns, wall clock ns] (cni_plugin/wire.py
+A stamp is [boot id, CLOCK_BOOTTIME ns, wall clock ns] (cni_plugin/wire/event.py
 new_order). Within one boot CLOCK_BOOTTIME orders events. Across boots no clock
 can be trusted: after a reboot the wall clock may be behind the previous boot's
 (a bad RTC, a restored VM, NTP not stepped yet), and comparing by it would let a
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Protocol, TypeVar
 
-from cni_plugin.wire import new_order
+from cni_plugin.wire.event import new_order
 
 from publisher.clock import node_seconds
 

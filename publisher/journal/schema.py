@@ -11,7 +11,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni_plugin.wire import Event
+from cni_plugin.wire.event import Event
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -156,7 +156,7 @@ class Attachment:
     # What the live-interface watch saw in the netns when it differs from the ADD (or after a
     # first change): publisher/live/status.py; {} while the ADD's networkData is the truth.
     live: dict = field(default_factory=dict)
-    device_id: str = ""  # normalised device ID of the ADD (cni_plugin/deviceid.py); "" when none
+    device_id: str = ""  # normalised device ID of the ADD (cni_plugin/wire/deviceid.py); "" when none
     writer: int = 0  # schema version of the release that wrote the row (Journal._put sets its own)
 
     @property

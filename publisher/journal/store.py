@@ -37,7 +37,7 @@ from publisher.journal import compat
 from publisher.journal.schema import (MIGRATIONS, META_SCHEMA, SCHEMA, SCHEMA_VERSION, _ATT_COLUMNS,
                                       Attachment, Pending, shard_key)
 from publisher.journal.order import BootOrder
-from cni_plugin.wire import Event, WireError, _boot_id, legacy_order
+from cni_plugin.wire.event import boot_id, Event, legacy_order, WireError
 
 
 class JournalBusy(sqlite3.OperationalError):
@@ -253,7 +253,7 @@ class Journal:
         was stored (wall-clock times) is rebased too. The boot rule runs in the same
         transaction, so a crash half-way through repeats both.
         """
-        boot = _boot_id()
+        boot = boot_id()
         rows = self._read("SELECT value FROM meta WHERE key='boot_id'")
         if boot and rows and rows[0][0] == boot:
             return

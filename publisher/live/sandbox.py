@@ -8,7 +8,7 @@ true as soon as the path is gone or shows another namespace (the runtime
 unmounted and removed it, whether or not a DEL came), and the watcher then
 closes both sockets at once, which frees the namespace.
 
-The project's own rtnetlink client (cni_plugin/netlink.py) does the reading:
+The project's own rtnetlink client (cni_plugin/lean/netlink.py) does the reading:
 pyroute2 would add ~22 MiB to the publisher's resident memory on import,
 more than the watch may cost in all.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from cni_plugin.netlink import IFF_UP, RtNetlink, format_cidr, unusable
+from cni_plugin.lean.netlink import IFF_UP, RtNetlink, format_cidr, unusable
 
 from publisher import limits
 from publisher.live.status import Observed

@@ -48,7 +48,7 @@ ADDRESSES_PENDING = "AddressesPending"
 REASONS = (INTERFACE_GONE, LINK_DOWN, NO_CARRIER, MAC_CHANGED, TOO_MANY_ADDRESSES, DUPLICATE_ADDRESS, ADDRESS_LOST,
            ADDRESS_DEPRECATED, ADDRESSES_PENDING)
 
-# Why the kernel says an address cannot be used (cni_plugin/netlink.py unusable()).
+# Why the kernel says an address cannot be used (cni_plugin/lean/netlink.py unusable()).
 DADFAILED, TENTATIVE, DEPRECATED = "dadfailed", "tentative", "deprecated"
 
 

@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cni_plugin.netns import CLONE_NEWNET, setns
+from cni_plugin.lean.netns import CLONE_NEWNET, setns
 
 from publisher import logs
 from publisher.journal.livestate import Watched, entry_and_live, record_live, retire_vanished, watched_rows

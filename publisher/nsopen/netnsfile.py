@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from cni_plugin.netns import CLONE_NEWNET, setns
+from cni_plugin.lean.netns import CLONE_NEWNET, setns
 
 NSFS_MAGIC = 0x6E736673
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC

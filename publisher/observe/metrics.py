@@ -49,7 +49,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from cni_plugin import __version__
-from cni_plugin.wire import PROTOCOL_VERSION, SPOOL_SUFFIX
+from cni_plugin.wire.event import PROTOCOL_VERSION
+from cni_plugin.wire.spool import SPOOL_SUFFIX
 
 from publisher import limits
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni_plugin.wire import Event
+from cni_plugin.wire.event import Event
 
 from publisher import limits
 from publisher import logs

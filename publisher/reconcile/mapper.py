@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni_plugin import results
-from cni_plugin.wire import Event
+from cni_plugin.wire import results
+from cni_plugin.wire.event import Event
 
 from publisher import limits
 
@@ -91,13 +91,13 @@ class DeviceStatus:
 
 
 def sandbox_interface(result: dict[str, Any], ifname: str) -> tuple[int | None, dict[str, Any]]:
-    """(index, entry) of the pod-side interface: cni_plugin/results.py's rule, shared with CHECK."""
+    """(index, entry) of the pod-side interface: cni_plugin/wire/results.py's rule, shared with CHECK."""
     index = results.sandbox_interface(result, ifname)
     return index, (result["interfaces"][index] if index is not None else {})
 
 
 def attachment_ips(result: dict[str, Any], index: int | None) -> list[str]:
-    """The interface's addresses (cni_plugin/results.py's rule) in the API's canonical form,
+    """The interface's addresses (cni_plugin/wire/results.py's rule) in the API's canonical form,
     de-duplicated, at most 16; an address the API could never accept is left out."""
     chosen: list[str] = []
     for address in results.addresses_for(result, index):

@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from cni_plugin.wire import Event, PodRef
+from cni_plugin.wire.event import Event, PodRef
 
 from publisher import logs
 from publisher.journal.store import Attachment, DirtyMark, Journal

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from cni_plugin.wire import Event, legacy_order, new_order
+from cni_plugin.wire.event import Event, legacy_order, new_order
 
 from publisher import limits
 from publisher.kube.calls import Kube, NotFound

@@ -1,7 +1,7 @@
 """Per-verb rules: what one event does to the journal's attachments (then the reconciler runs).
 
 Events are ordered by the stamp the plugin put on them where they happened
-(cni_plugin/wire.py new_order), never by arrival, so the socket and the spool
+(cni_plugin/wire/event.py new_order), never by arrival, so the socket and the spool
 give the same answer however late one of them is; stamps of different boots
 are ranked by the boot order (publisher/journal/order.py), never by wall clock:
 
@@ -43,7 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cni_plugin.wire import Event
+from cni_plugin.wire.event import Event
 
 from publisher import limits
 from publisher import logs

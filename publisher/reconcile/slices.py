@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from cni_plugin.deviceid import normalize
+from cni_plugin.wire.deviceid import normalize
 
 from publisher import limits
 from publisher.kube.calls import Forbidden, Kube, PermanentError, TransientError
@@ -38,7 +38,7 @@ DeviceKey = tuple[str, str]  # (pool, device)
 @dataclass(frozen=True)
 class DeviceFacts:
     interface: str = ""  # the slice attribute `interfaceName`
-    device_id: str = ""  # normalised (cni_plugin/deviceid.py)
+    device_id: str = ""  # normalised (cni_plugin/wire/deviceid.py)
 
 
 def check_attribute_names(names: Iterable[str]) -> tuple[str, ...]:

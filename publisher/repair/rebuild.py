@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cni_plugin.wire import _boot_id
+from cni_plugin.wire.event import boot_id
 from publisher import limits, logs
 from publisher.journal.store import Attachment, Journal
 from publisher.kube.calls import Kube, NotFound
@@ -151,7 +151,7 @@ def rebuild(kube: Kube, journal: Journal, node: str, manager: str, set_aside: st
     pods = node_pods(kube, node)
     claims = sorted({(p.namespace, c) for p in pods for c in p.claims} | {h.claim for h in hints.values()})
     # Below every event of this boot: whatever the plugin says of a sandbox from now on wins.
-    stamp = [_boot_id(), 0, time.time_ns()]
+    stamp = [boot_id(), 0, time.time_ns()]
     out, atts = Rebuilt(claims=len(claims)), []
     for ns, name in claims:
         try:

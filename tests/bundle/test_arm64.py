@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import spool as wire_spool
 
 from .conftest import DRIVER, QEMU, Sandbox, cni_env
 
@@ -77,7 +77,7 @@ class Root:
 
     def spooled(self) -> list[tuple[str, str, str]]:
         return [(e.op, e.container_id, e.driver) for e in
-                (wire.read_spool(p) for p in wire.list_spool(str(self.host(SPOOL))))]
+                (wire_spool.read_spool(p) for p in wire_spool.list_spool(str(self.host(SPOOL))))]
 
     def log_events(self) -> list[str]:
         log = self.host(LOG)

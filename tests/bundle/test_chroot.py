@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
+from cni_plugin.wire import spool as wire_spool
 
 from .conftest import DRIVER, REPO, Sandbox, cni_env
 
@@ -57,9 +58,9 @@ class Jail:
         proc = subprocess.run(argv, input=conf if isinstance(conf, bytes) else json.dumps(conf).encode(), env=env, capture_output=True, timeout=60)
         return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 
-    def spooled(self) -> list[wire.Event]:
+    def spooled(self) -> list[wire_event.Event]:
         spool = str(self.host(NODE_PATHS["spool"]))
-        return [wire.read_spool(p) for p in wire.list_spool(spool)]
+        return [wire_spool.read_spool(p) for p in wire_spool.list_spool(spool)]
 
     def files(self) -> set[str]:
         found = set()

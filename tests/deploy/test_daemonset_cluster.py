@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 import cni_plugin
-from cni_plugin import wire
+from cni_plugin.wire import spool as wire_spool
 from publisher.chain.nodefiles import cached_users
 from chartlib import CHART, helm
 from deploylib import REPO, Looker, own_cluster
@@ -249,7 +249,7 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
 
 def spooled_pods(spool: Path) -> list[str]:
     """The pods whose events wait in the plugin's spool on the node, oldest first."""
-    events = [wire.read_spool(path) for path in wire.list_spool(str(spool))]
+    events = [wire_spool.read_spool(path) for path in wire_spool.list_spool(str(spool))]
     return [e.pod.name for e in sorted(events, key=lambda e: e.timestamp) if e.pod]
 
 
@@ -283,7 +283,7 @@ def test_the_spool_cap_set_through_the_chart_holds_on_the_node(cluster: RealClus
         for name in ("a", "b", "c"):  # one after the other: concurrent ADDs may overshoot a cap by their number
             start_claimed_pod(cluster, ns, name)
         assert spooled_pods(spool) == ["a", "b"]
-        overflow = wire.read_overflow(str(spool))
+        overflow = wire_spool.read_overflow(str(spool))
         assert overflow and overflow["dropped"] >= 1 and overflow["lastCommand"] == "ADD", overflow
 
         helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *chart, "--wait", "--timeout", "300s",

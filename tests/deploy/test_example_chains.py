@@ -37,7 +37,8 @@ from typing import Any
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
+from cni_plugin.wire import spool as wire_spool
 from publisher.reconcile.mapper import map_event
 
 pytestmark = pytest.mark.netns
@@ -46,7 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONF_CNI = REPO / "conf" / "cni"
 REFERENCE_BIN = Path(os.environ.get("NETCLAIM_TEST_CNI_BIN", "/usr/lib/cni"))
 IFNAME = "eth0"
-POD = wire.PodRef("team-a", "web-0", "0f6c2f0e-6a55-4c1e-9a43-5a8d1c2b3e4f")
+POD = wire_event.PodRef("team-a", "web-0", "0f6c2f0e-6a55-4c1e-9a43-5a8d1c2b3e4f")
 CNI_ARGS = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={POD.namespace};K8S_POD_NAME={POD.name};K8S_POD_UID={POD.uid}"
 
 
@@ -316,7 +317,7 @@ def test_example_chain_reports_the_sandbox_interface(chain: ChainRun) -> None:
         assert results[i] == results[i - 1], "portmap without portMappings passes the result through"
 
     # The event netclaim handed off (spooled: no publisher is running) carries the 1.1.0 result.
-    events = [wire.read_spool(p) for p in wire.list_spool(chain.spool)]
+    events = [wire_spool.read_spool(p) for p in wire_spool.list_spool(chain.spool)]
     assert len(events) == 1, events
     event = events[0]
     assert (event.op, event.container_id, event.ifname, event.driver, event.network, event.request) == (
@@ -361,4 +362,4 @@ def test_example_chain_reports_the_sandbox_interface(chain: ChainRun) -> None:
     leftover = {name: host_link_kind(name) for name in host_kinds if name not in chain.host_links}
     assert all(kind is None for kind in leftover.values()), f"host links left after DEL: {leftover}"
     assert nat_rules_mentioning(chain.container_id) == [], "ipMasq/portmap rules left after DEL"
-    assert [wire.read_spool(p).op for p in wire.list_spool(chain.spool)] == ["ADD", "DEL"]
+    assert [wire_spool.read_spool(p).op for p in wire_spool.list_spool(chain.spool)] == ["ADD", "DEL"]

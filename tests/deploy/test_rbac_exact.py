@@ -217,7 +217,7 @@ def test_publisher_whole_life_under_the_shipped_role_has_no_403(node_a, tmp_root
         assert send(str(pub.sock), publisher_event(pod, DRIVER, "nic", "c0ffee01", "eth0", "10.88.9.7/16"))["ok"]
         wait_for(lambda: own_entry(api, claim), "the ADD to be published")
         # DEL -> removed.
-        from cni_plugin.wire import Event, PodRef
+        from cni_plugin.wire.event import Event, PodRef
 
         dele = Event(op="DEL", container_id="c0ffee01", ifname="eth0", driver=DRIVER, request="nic",
                      pod=PodRef(pod["namespace"], pod["name"], pod["uid"]))

@@ -162,7 +162,7 @@ def test_node_a_cannot_rewrite_allocation_or_use_update(cluster: Cluster, as_nod
 
 def publisher_event(pod: dict[str, Any], driver: str, request: str, container_id: str, ifname: str,
                     address: str) -> Any:
-    from cni_plugin.wire import Event, PodRef
+    from cni_plugin.wire.event import Event, PodRef
 
     return Event(
         op="ADD", container_id=container_id, ifname=ifname, driver=driver, request=request,
@@ -179,7 +179,7 @@ def publisher_event(pod: dict[str, Any], driver: str, request: str, container_id
 def send(socket_path: str, event: Any) -> dict[str, Any]:
     import socket as pysocket
 
-    from cni_plugin.wire import encode_frame, event_request, read_frame
+    from cni_plugin.wire.frame import encode_frame, event_request, read_frame
 
     with pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM) as sock:
         sock.settimeout(10)

@@ -27,7 +27,7 @@ import pytest
 
 from deploylib import CONF, DRIVER, REPO, netclaim_publisher_bin, parse_unit, python_env, run_install, terminate
 from runtime.realcluster import free_port, wait_until  # noqa: E402 (deploylib puts the harness on the path)
-from cni_plugin.wire import encode_frame, read_frame
+from cni_plugin.wire.frame import encode_frame, read_frame
 from peers import run_as_uid
 
 UNIT = CONF / "systemd" / "netclaim-publisher.service"
@@ -242,10 +242,11 @@ def test_the_unit_looks_for_every_driver_the_installer_records(unit_started) -> 
 
 def test_unit_file_paths_match_the_plugin_defaults() -> None:
     """The unit serves the socket and spool the plugin uses when the conflist says nothing."""
-    from cni_plugin import wire
+    from cni_plugin.wire import frame as wire_frame
+    from cni_plugin.wire import spool as wire_spool
 
     command = parse_unit(UNIT)["Service"]["ExecStart"][0]
-    assert f"--socket {wire.DEFAULT_SOCKET}" in command
-    assert f"--spool-dir {wire.DEFAULT_SPOOL_DIR}" in command
+    assert f"--socket {wire_frame.DEFAULT_SOCKET}" in command
+    assert f"--spool-dir {wire_spool.DEFAULT_SPOOL_DIR}" in command
     assert shutil.which("systemd-analyze"), "systemd-analyze is needed by these tests"
     assert REPO.joinpath("docs", "install.md").exists()

@@ -23,7 +23,7 @@ VERSION = cni_plugin.__version__
 def test_package_version_is_read_from_the_one_constant() -> None:
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
-    assert cfg["metadata"]["version"] == "attr: cni_plugin.__version__"
+    assert cfg["metadata"]["version"] == "attr: cni_plugin.wire.version.__version__"
     assert dist_version("netclaim") == VERSION
 
 
@@ -65,10 +65,10 @@ def release_tree(tmp_path: Path, *, version: str = VERSION, chart_version: str =
                  app_version: str = VERSION, changelog_version: str = VERSION) -> Path:
     """The files scripts/release.sh reads before it builds anything, in a tree of their own."""
     tree = tmp_path / "tree"
-    for rel in ("scripts/release.sh", "cni_plugin/__init__.py", "conf/helm/netclaim/Chart.yaml", "docs/CHANGELOG.md"):
+    for rel in ("scripts/release.sh", "cni_plugin/__init__.py", "cni_plugin/wire/__init__.py", "cni_plugin/wire/version.py", "conf/helm/netclaim/Chart.yaml", "docs/CHANGELOG.md"):
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, tree / rel)
-    init = tree / "cni_plugin" / "__init__.py"
+    init = tree / "cni_plugin" / "wire" / "version.py"
     init.write_text(init.read_text().replace(f'__version__ = "{VERSION}"', f'__version__ = "{version}"'))
     chart = tree / "conf" / "helm" / "netclaim" / "Chart.yaml"
     chart.write_text(chart.read_text().replace(f"\nversion: {VERSION}\n", f"\nversion: {chart_version}\n")

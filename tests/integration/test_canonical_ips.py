@@ -26,7 +26,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from cni_plugin.wire import Event, PodRef
+from cni_plugin.wire.event import Event, PodRef
 from publisher.reconcile import mapper
 
 pytestmark = pytest.mark.controlplane

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
+from cni_plugin.wire import frame as wire_frame
+from cni_plugin.wire import spool as wire_spool
 from cni_plugin.launcher import install
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,8 +54,8 @@ class Dirs:
         base.update(extra)
         return base
 
-    def spooled(self) -> list[wire.Event]:
-        return [wire.read_spool(p) for p in wire.list_spool(self.spool)]
+    def spooled(self) -> list[wire_event.Event]:
+        return [wire_spool.read_spool(p) for p in wire_spool.list_spool(self.spool)]
 
     def log_records(self) -> list[dict]:
         try:
@@ -197,7 +199,7 @@ class PublisherDouble:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.events: list[wire.Event] = []
+        self.events: list[wire_event.Event] = []
         self.reply_ok = True
         self.hang = False
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -219,19 +221,19 @@ class PublisherDouble:
             with conn:
                 conn.settimeout(5)
                 try:
-                    request = wire.read_frame(conn)
-                    event = wire.Event.from_dict(request["event"])
-                except (EOFError, OSError, wire.WireError, KeyError) as exc:
-                    conn.sendall(wire.encode_frame({"ok": False, "error": str(exc)}))
+                    request = wire_frame.read_frame(conn)
+                    event = wire_event.Event.from_dict(request["event"])
+                except (EOFError, OSError, wire_event.WireError, KeyError) as exc:
+                    conn.sendall(wire_frame.encode_frame({"ok": False, "error": str(exc)}))
                     continue
                 if self.hang:
                     self._stop.wait(3)
                     continue
                 if self.reply_ok:
                     self.events.append(event)
-                    conn.sendall(wire.encode_frame({"ok": True, "id": event.event_id}))
+                    conn.sendall(wire_frame.encode_frame({"ok": True, "id": event.event_id}))
                 else:
-                    conn.sendall(wire.encode_frame({"ok": False, "error": "journal full (test)"}))
+                    conn.sendall(wire_frame.encode_frame({"ok": False, "error": "journal full (test)"}))
 
     def close(self) -> None:
         self._stop.set()

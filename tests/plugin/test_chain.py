@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
 
 from .conftest import Chain, run_plugin
 
@@ -39,7 +39,7 @@ def test_report_only_add_fills_mtu_and_hands_off_to_publisher(chain: Chain, publ
     event = publisher.events[0]
     assert (event.op, event.container_id, event.ifname, event.driver, event.network) == (
         "ADD", chain.container_id, "eth0", "net.example.com", chain.network)
-    assert event.pod == wire.PodRef("team-a", "web-0", "uid-123")
+    assert event.pod == wire_event.PodRef("team-a", "web-0", "uid-123")
     assert event.result["cniVersion"] == "1.1.0"
     assert all("version" not in ip for ip in event.result["ips"])
     assert _sandbox(event.result)["mtu"] == 1500
@@ -115,7 +115,7 @@ def test_no_publisher_spools_durably_and_add_succeeds(chain: Chain) -> None:
     assert rc == 0, out + err
     spooled = chain.dirs.spooled()
     assert [e.op for e in spooled] == ["ADD"]
-    assert spooled[0].pod == wire.PodRef("team-a", "web-0", "uid-123")
+    assert spooled[0].pod == wire_event.PodRef("team-a", "web-0", "uid-123")
     assert spooled[0].result["ips"] == json.loads(out)["ips"] or all(
         "version" not in ip for ip in spooled[0].result["ips"])
     assert stat.S_IMODE(os.stat(chain.dirs.spool).st_mode) == 0o700

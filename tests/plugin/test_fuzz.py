@@ -13,7 +13,7 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cni_plugin.errors import INTERNAL_ERROR, PLUGIN_CODES, SPEC_CODES
+from cni_plugin.lean.errors import INTERNAL_ERROR, PLUGIN_CODES, SPEC_CODES
 from cni_plugin.main import main
 
 ALLOWED_CODES = (SPEC_CODES | PLUGIN_CODES) - {INTERNAL_ERROR}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
 
 from .conftest import Dirs, Netns
 
@@ -108,7 +108,7 @@ class Libcni:
     def driver_run(self, *argv: str) -> subprocess.CompletedProcess:
         return subprocess.run([self.driver, *argv], env=self.env(), capture_output=True, text=True, timeout=120)
 
-    def spooled(self) -> list[wire.Event]:
+    def spooled(self) -> list[wire_event.Event]:
         return self.dirs.spooled()
 
 
@@ -160,7 +160,7 @@ def test_every_verb_through_libcni(libcni: Libcni) -> None:
     assert libcni.netns.link("eth0")["mac"] == eth0["mac"]
     (add,) = libcni.spooled()
     assert (add.op, add.container_id, add.ifname, add.network) == ("ADD", libcni.container_id, "eth0", libcni.network)
-    assert add.pod == wire.PodRef("team-a", "web-0", "uid-9")
+    assert add.pod == wire_event.PodRef("team-a", "web-0", "uid-9")
     assert [ip["address"] for ip in add.result["ips"]] == [ip["address"] for ip in result["ips"]]
 
     # CHECK through the whole chain (libcni passes the cached result as prevResult).

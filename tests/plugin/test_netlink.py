@@ -14,8 +14,8 @@ import struct
 
 import pytest
 
-from cni_plugin import netlink
-from cni_plugin.netns import NetNS
+from cni_plugin.lean import netlink
+from cni_plugin.lean.netns import NetNS
 
 HDR = struct.Struct("=IHHII")
 

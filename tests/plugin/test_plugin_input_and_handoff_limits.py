@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
+from cni_plugin.wire import spool as wire_spool
 
 from .conftest import POD_ARGS, Dirs, PublisherDouble, Tmpfs, as_nobody, run_plugin
 
@@ -95,7 +96,7 @@ def test_short_write_on_full_disk_is_not_spooled(plugin_exe: str, dirs: Dirs, tm
 
 def test_dead_writers_temp_files_are_cleaned_live_ones_counted(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
-    wire.write_spool(str(spool), wire.Event(op="ADD", container_id="c0", ifname="eth0", driver="d"))
+    wire_spool.write_spool(str(spool), wire_event.Event(op="ADD", container_id="c0", ifname="eth0", driver="d"))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     dead_tmp = spool / f"0001-x.event.json.{dead.pid}.tmp"
@@ -103,22 +104,22 @@ def test_dead_writers_temp_files_are_cleaned_live_ones_counted(tmp_path: Path) -
     writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a live writer
     live_tmp = spool / f"0002-y.event.json.{writer.pid}.tmp"
     live_tmp.write_bytes(b"y" * 3000)
-    event_size = os.path.getsize(wire.list_spool(str(spool))[0])
+    event_size = os.path.getsize(wire_spool.list_spool(str(spool))[0])
     # Two events fit with room to spare, but not beside the live writer's 3,000 bytes. The margin
     # matters: one event's size differs from the next by a few bytes (its timestamps' digits).
     cap = event_size * 2 + 3000 - 100
     try:
-        with pytest.raises(wire.SpoolFull):  # the live writer's bytes count against the cap
-            wire.write_spool(str(spool), wire.Event(op="ADD", container_id="c1", ifname="eth0", driver="d"),
+        with pytest.raises(wire_spool.SpoolFull):  # the live writer's bytes count against the cap
+            wire_spool.write_spool(str(spool), wire_event.Event(op="ADD", container_id="c1", ifname="eth0", driver="d"),
                              max_bytes=cap)
     finally:
         writer.kill()
         writer.wait()
     assert not dead_tmp.exists(), "a dead writer's temp file is removed"
     assert live_tmp.exists(), "a live writer's temp file is left alone"
-    wire.write_spool(str(spool), wire.Event(op="ADD", container_id="c2", ifname="eth0", driver="d"),
+    wire_spool.write_spool(str(spool), wire_event.Event(op="ADD", container_id="c2", ifname="eth0", driver="d"),
                      max_bytes=cap)  # its writer died: the temp file goes, room again
-    assert len(wire.list_spool(str(spool))) == 2 and not live_tmp.exists()
+    assert len(wire_spool.list_spool(str(spool))) == 2 and not live_tmp.exists()
 
 
 # ------------------------------------------------------------------ item 9: STATUS agrees with ADD
@@ -156,7 +157,7 @@ def test_status_ok_on_a_healthy_spool_and_leaves_nothing(plugin_exe: str, dirs: 
     assert spool.is_dir() and stat.S_IMODE(spool.stat().st_mode) == 0o700, "created as ADD would"
     assert os.listdir(spool) == [], "the probe file is gone"
     rc, out, err = add(plugin_exe, dirs, prev_result(), spoolDir=str(spool), failurePolicy="Fail")
-    assert rc == 0 and len(wire.list_spool(str(spool))) == 1, out + err
+    assert rc == 0 and len(wire_spool.list_spool(str(spool))) == 1, out + err
 
 
 # ------------------------------------------------------------------ item 13: one event size cap
@@ -169,7 +170,7 @@ def test_oversized_prev_result_is_refused_on_both_channels(plugin_exe: str, dirs
     rc, out, err = add(plugin_exe, dirs, prev, failurePolicy="Fail")
     assert rc == 1, out + err
     error = error_of(out)
-    assert error["code"] == 7 and "prevResult" in error["msg"] and str(wire.MAX_EVENT_BYTES) in error["msg"], error
+    assert error["code"] == 7 and "prevResult" in error["msg"] and str(wire_event.MAX_EVENT_BYTES) in error["msg"], error
     assert publisher.events == [] and leftovers(dirs.spool) == [], "nothing sent, nothing spooled"
 
     rc, out, err = add(plugin_exe, dirs, prev)  # Ignore: the pod starts, the report is a logged drop
@@ -283,7 +284,7 @@ def test_sticky_world_writable_ancestor_is_allowed(plugin_exe: str, dirs: Dirs, 
     os.chmod(shared, 0o1777)  # like /tmp
     rc, out, err = add(plugin_exe, dirs, prev_result(), spoolDir=str(shared / "netclaim" / "spool"),
                        failurePolicy="Fail")
-    assert rc == 0 and len(wire.list_spool(str(shared / "netclaim" / "spool"))) == 1, out + err
+    assert rc == 0 and len(wire_spool.list_spool(str(shared / "netclaim" / "spool"))) == 1, out + err
     assert stat.S_IMODE((shared / "netclaim").stat().st_mode) == 0o755
 
 

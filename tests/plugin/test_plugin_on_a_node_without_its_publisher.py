@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
+from cni_plugin.wire import spool as wire_spool
 
 from .conftest import POD_ARGS, Dirs, Netns, PublisherDouble, run_plugin
 from .test_plugin_input_and_handoff_limits import error_of, prev_result
@@ -38,7 +39,7 @@ def node(dirs: Dirs) -> Dirs:
 
 def full_spool(dirs: Dirs) -> None:
     for i in range(CAP):
-        wire.write_spool(dirs.spool, wire.Event(op="ADD", container_id=f"old{i}", ifname="eth0",
+        wire_spool.write_spool(dirs.spool, wire_event.Event(op="ADD", container_id=f"old{i}", ifname="eth0",
                                                 driver="net.example.com"))
 
 
@@ -79,9 +80,9 @@ def test_after_one_failed_wait_later_adds_and_dels_do_not_wait(plugin_exe: str, 
         assert record["waitedMs"] == 0 and record["waitSkipped"] is True, record
         assert record["outcome"] == "dropped" and "SpoolFull" in record["spoolError"], record
 
-    marker = wire.read_overflow(dirs.spool)
+    marker = wire_spool.read_overflow(dirs.spool)
     assert marker is not None and marker["dropped"] == 5, "every dropped event is still counted"
-    assert len(wire.list_spool(dirs.spool)) == CAP
+    assert len(wire_spool.list_spool(dirs.spool)) == CAP
 
     publisher = PublisherDouble(dirs.socket)
     try:
@@ -98,7 +99,7 @@ def test_after_one_failed_wait_later_adds_and_dels_do_not_wait(plugin_exe: str, 
     assert again["waitedMs"] == WAIT_MS and "waitSkipped" not in again, "a publisher bound the socket since: wait once"
     rc, out, err = verb(plugin_exe, dirs, "DEL", "after-crash")
     assert rc == 0 and not_handed_off(dirs, "DEL", "after-crash")["waitSkipped"] is True, out + err
-    assert (wire.read_overflow(dirs.spool) or {}).get("dropped") == 7
+    assert (wire_spool.read_overflow(dirs.spool) or {}).get("dropped") == 7
 
 
 def test_a_publisher_that_came_back_and_restarts_is_waited_for_again(plugin_exe: str, node: Dirs) -> None:

@@ -14,7 +14,8 @@ import json
 
 import pytest
 
-from cni_plugin import deviceid, wire
+from cni_plugin.wire import deviceid
+from cni_plugin.wire import spool as wire_spool
 
 from .conftest import Chain
 
@@ -47,7 +48,7 @@ def test_the_injected_device_id_is_sent_in_one_spelling(chain: Chain, extra: dic
 def test_an_attachment_without_a_device_id_sends_no_such_field(chain: Chain) -> None:
     event, _ = _spooled_add(chain)
     assert event.device_id == ""
-    raw = [json.loads(open(p, "rb").read()) for p in wire.list_spool(chain.dirs.spool)]
+    raw = [json.loads(open(p, "rb").read()) for p in wire_spool.list_spool(chain.dirs.spool)]
     assert all("device_id" not in r for r in raw), raw
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
+from cni_plugin.wire import spool as wire_spool
 
 from .conftest import POD_ARGS, Chain, Dirs, run_plugin
 
@@ -54,8 +55,8 @@ def _error(out: str) -> dict:
 
 def _spool_full(dirs: Dirs) -> dict:
     """The spool already at a cap of one file."""
-    event = wire.Event(op="ADD", container_id="old", ifname="eth0", driver="net.example.com")
-    wire.write_spool(dirs.spool, event)
+    event = wire_event.Event(op="ADD", container_id="old", ifname="eth0", driver="net.example.com")
+    wire_spool.write_spool(dirs.spool, event)
     return {"spoolMaxFiles": 1}
 
 
@@ -96,9 +97,9 @@ def test_add_hand_off_failures(plugin_exe: str, dirs: Dirs, failure: str, policy
                 if r["msg"] in ("ADD done", "event not handed off")]
     assert outcome in handoffs, handoffs
     if outcome == "dropped":
-        marker = wire.read_overflow(dirs.spool)
+        marker = wire_spool.read_overflow(dirs.spool)
         assert marker is not None and marker["dropped"] == 1 and marker["lastCommand"] == "ADD"
-        assert len(wire.list_spool(dirs.spool)) == 1, "the cap holds: the event was not written"
+        assert len(wire_spool.list_spool(dirs.spool)) == 1, "the cap holds: the event was not written"
 
 
 @pytest.mark.parametrize("extra,code", [
@@ -122,7 +123,7 @@ def test_del_hand_off_failures_exit_0(plugin_exe: str, dirs: Dirs, failure: str,
     rc, out, err = _exec(plugin_exe, "DEL", _conf(dirs, "DEL", policy, **extra))
     assert (rc, out) == (0, ""), out + err
     if failure == "publisher absent, spool full":
-        assert wire.read_overflow(dirs.spool)["lastCommand"] == "DEL"
+        assert wire_spool.read_overflow(dirs.spool)["lastCommand"] == "DEL"
     if failure == "publisher absent, spool ok":
         assert [e.op for e in dirs.spooled()] == ["DEL"]
 

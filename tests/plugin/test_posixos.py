@@ -1,4 +1,4 @@
-"""cni_plugin.posixos: the plugin's `os` without importing `os` gives what `os` gives.
+"""cni_plugin.lean.posixos: the plugin's `os` without importing `os` gives what `os` gives.
 
 The oracle is the standard library itself (posixpath, os.environ, os.fsencode)
 run on the same inputs; the environment check runs real interpreters.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import posixos
+from cni_plugin.lean import posixos
 
 PACKAGE = Path(posixos.__file__).resolve().parent
 PATHS = ["", "/", "//", "///", "a", "a/", "a//", "/a", "/a/", "/a/b", "/a/b/", "a/b", "a//b", "//a//b//",

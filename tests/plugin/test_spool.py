@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
+from cni_plugin.wire import frame as wire_frame
+from cni_plugin.wire import spool as wire_spool
 
 from .conftest import POD_ARGS, Dirs, run_plugin
 
@@ -23,8 +25,8 @@ PREV = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "mac": "02:00:00:
                                                "sandbox": "/run/netns/x"}], "ips": []}
 
 
-def _event(op: str = "ADD", cid: str = "c1") -> wire.Event:
-    return wire.Event(op=op, container_id=cid, ifname="eth0", driver="net.example.com")
+def _event(op: str = "ADD", cid: str = "c1") -> wire_event.Event:
+    return wire_event.Event(op=op, container_id=cid, ifname="eth0", driver="net.example.com")
 
 
 def _add(exe: str, dirs: Dirs, cid: str = "ctr1", **extra: object) -> tuple[int, str, str]:
@@ -38,13 +40,13 @@ def _add(exe: str, dirs: Dirs, cid: str = "ctr1", **extra: object) -> tuple[int,
 def test_count_cap_drops_into_the_marker(tmp_path: Path) -> None:
     spool = str(tmp_path / "spool")
     for i in range(3):
-        wire.write_spool(spool, _event(cid=f"c{i}"), max_files=3)
-    with pytest.raises(wire.SpoolFull):
-        wire.write_spool(spool, _event("DEL", "c9"), max_files=3)
-    with pytest.raises(wire.SpoolFull):
-        wire.write_spool(spool, _event("ADD", "c10"), max_files=3)
-    assert len(wire.list_spool(spool)) == 3
-    marker = wire.read_overflow(spool)
+        wire_spool.write_spool(spool, _event(cid=f"c{i}"), max_files=3)
+    with pytest.raises(wire_spool.SpoolFull):
+        wire_spool.write_spool(spool, _event("DEL", "c9"), max_files=3)
+    with pytest.raises(wire_spool.SpoolFull):
+        wire_spool.write_spool(spool, _event("ADD", "c10"), max_files=3)
+    assert len(wire_spool.list_spool(spool)) == 3
+    marker = wire_spool.read_overflow(spool)
     assert marker["dropped"] == 2 and marker["lastCommand"] == "ADD"
     assert marker["firstDroppedAt"] <= marker["lastDroppedAt"]
     assert set(marker) == {"dropped", "firstDroppedAt", "lastDroppedAt", "lastCommand"}
@@ -52,50 +54,50 @@ def test_count_cap_drops_into_the_marker(tmp_path: Path) -> None:
 
 def test_byte_cap_drops_into_the_marker(tmp_path: Path) -> None:
     spool = str(tmp_path / "spool")
-    path = wire.write_spool(spool, _event(), max_bytes=4096)
+    path = wire_spool.write_spool(spool, _event(), max_bytes=4096)
     size = os.path.getsize(path)
     budget = size * 2 + size // 2  # room for two events, not three
-    wire.write_spool(spool, _event(cid="c2"), max_bytes=budget)
-    with pytest.raises(wire.SpoolFull):
-        wire.write_spool(spool, _event(cid="c3"), max_bytes=budget)
-    assert len(wire.list_spool(spool)) == 2 and wire.read_overflow(spool)["dropped"] == 1
+    wire_spool.write_spool(spool, _event(cid="c2"), max_bytes=budget)
+    with pytest.raises(wire_spool.SpoolFull):
+        wire_spool.write_spool(spool, _event(cid="c3"), max_bytes=budget)
+    assert len(wire_spool.list_spool(spool)) == 2 and wire_spool.read_overflow(spool)["dropped"] == 1
 
 
 def test_listing_ignores_the_marker_and_temp_files(tmp_path: Path) -> None:
     spool = str(tmp_path / "spool")
-    wire.write_spool(spool, _event(), max_files=1)
-    with pytest.raises(wire.SpoolFull):
-        wire.write_spool(spool, _event(cid="c2"), max_files=1)
+    wire_spool.write_spool(spool, _event(), max_files=1)
+    with pytest.raises(wire_spool.SpoolFull):
+        wire_spool.write_spool(spool, _event(cid="c2"), max_files=1)
     Path(spool, "0001-x.event.json.tmp").write_text("{}")
     Path(spool, "overflow.77.tmp").write_text("{}")
-    listed = wire.list_spool(spool)
-    assert len(listed) == 1 and listed[0].endswith(wire.SPOOL_SUFFIX)
+    listed = wire_spool.list_spool(spool)
+    assert len(listed) == 1 and listed[0].endswith(wire_spool.SPOOL_SUFFIX)
     assert all(not p.endswith("overflow") for p in listed)
 
 
 def test_take_overflow_renames_it_away(tmp_path: Path) -> None:
     spool = str(tmp_path / "spool")
-    assert wire.take_overflow(spool) is None and wire.read_overflow(spool) is None
-    wire.write_spool(spool, _event(), max_files=1)
+    assert wire_spool.take_overflow(spool) is None and wire_spool.read_overflow(spool) is None
+    wire_spool.write_spool(spool, _event(), max_files=1)
     for _ in range(2):
-        with pytest.raises(wire.SpoolFull):
-            wire.write_spool(spool, _event(cid="c2"), max_files=1)
-    taken = wire.take_overflow(spool)
+        with pytest.raises(wire_spool.SpoolFull):
+            wire_spool.write_spool(spool, _event(cid="c2"), max_files=1)
+    taken = wire_spool.take_overflow(spool)
     assert taken["dropped"] == 2
-    assert wire.read_overflow(spool) is None and wire.take_overflow(spool) is None
-    assert sorted(os.listdir(spool)) == [os.path.basename(wire.list_spool(spool)[0])], "nothing left behind"
-    with pytest.raises(wire.SpoolFull):
-        wire.write_spool(spool, _event(cid="c3"), max_files=1)
-    assert wire.read_overflow(spool)["dropped"] == 1, "a new marker starts from zero"
+    assert wire_spool.read_overflow(spool) is None and wire_spool.take_overflow(spool) is None
+    assert sorted(os.listdir(spool)) == [os.path.basename(wire_spool.list_spool(spool)[0])], "nothing left behind"
+    with pytest.raises(wire_spool.SpoolFull):
+        wire_spool.write_spool(spool, _event(cid="c3"), max_files=1)
+    assert wire_spool.read_overflow(spool)["dropped"] == 1, "a new marker starts from zero"
 
 
 def _fill_marker(spool: str, drops: int) -> None:
     """`drops` events refused by a spool at its cap of one file."""
-    if not wire.list_spool(spool):
-        wire.write_spool(spool, _event(), max_files=1)
+    if not wire_spool.list_spool(spool):
+        wire_spool.write_spool(spool, _event(), max_files=1)
     for i in range(drops):
-        with pytest.raises(wire.SpoolFull):
-            wire.write_spool(spool, _event(cid=f"d{i}"), max_files=1)
+        with pytest.raises(wire_spool.SpoolFull):
+            wire_spool.write_spool(spool, _event(cid=f"d{i}"), max_files=1)
 
 
 def test_a_marker_taken_by_a_publisher_that_died_is_counted_by_the_next_take(tmp_path: Path) -> None:
@@ -106,10 +108,10 @@ def test_a_marker_taken_by_a_publisher_that_died_is_counted_by_the_next_take(tmp
     dead.wait()
     os.rename(os.path.join(spool, "overflow"), os.path.join(spool, f"overflow.taken.{dead.pid}"))
     _fill_marker(spool, 2)  # drops after the dead publisher's take start a new marker
-    taken = wire.take_overflow(spool)
+    taken = wire_spool.take_overflow(spool)
     assert taken["dropped"] == 5 and taken["lastCommand"] == "ADD"
     assert [n for n in os.listdir(spool) if n.startswith("overflow")] == []
-    assert wire.take_overflow(spool) is None, "counted once"
+    assert wire_spool.take_overflow(spool) is None, "counted once"
 
 
 def test_a_marker_still_held_by_a_live_taker_is_left_to_it(tmp_path: Path) -> None:
@@ -118,22 +120,22 @@ def test_a_marker_still_held_by_a_live_taker_is_left_to_it(tmp_path: Path) -> No
     live = subprocess.Popen(["sleep", "60"])
     try:
         os.rename(os.path.join(spool, "overflow"), os.path.join(spool, f"overflow.taken.{live.pid}"))
-        assert wire.take_overflow(spool) is None
+        assert wire_spool.take_overflow(spool) is None
         assert os.path.exists(os.path.join(spool, f"overflow.taken.{live.pid}"))
     finally:
         live.kill()
         live.wait()
-    assert wire.take_overflow(spool)["dropped"] == 3, "counted once its taker is gone"
+    assert wire_spool.take_overflow(spool)["dropped"] == 3, "counted once its taker is gone"
 
 
 def test_corrupt_marker_reads_as_none_and_restarts(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
-    wire.write_spool(str(spool), _event(), max_files=1)
+    wire_spool.write_spool(str(spool), _event(), max_files=1)
     (spool / "overflow").write_text('{"dropped": "lots"}')
-    assert wire.read_overflow(str(spool)) is None
-    with pytest.raises(wire.SpoolFull):
-        wire.write_spool(str(spool), _event(cid="c2"), max_files=1)
-    assert wire.read_overflow(str(spool))["dropped"] == 1
+    assert wire_spool.read_overflow(str(spool)) is None
+    with pytest.raises(wire_spool.SpoolFull):
+        wire_spool.write_spool(str(spool), _event(cid="c2"), max_files=1)
+    assert wire_spool.read_overflow(str(spool))["dropped"] == 1
 
 
 def test_the_marker_is_updated_in_place_without_fsync_and_never_through_a_link(
@@ -143,30 +145,30 @@ def test_the_marker_is_updated_in_place_without_fsync_and_never_through_a_link(
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
     spool = tmp_path / "spool"
-    wire.write_spool(str(spool), _event(), max_files=1)
+    wire_spool.write_spool(str(spool), _event(), max_files=1)
     outside = tmp_path / "outside"
     outside.write_text("not the marker")
     (spool / "overflow").symlink_to(outside)
-    with pytest.raises(wire.SpoolFull):
-        wire.write_spool(str(spool), _event(cid="c2"), max_files=1)
+    with pytest.raises(wire_spool.SpoolFull):
+        wire_spool.write_spool(str(spool), _event(cid="c2"), max_files=1)
     assert outside.read_text() == "not the marker" and not (spool / "overflow").is_symlink()
-    assert wire.read_overflow(str(spool))["dropped"] == 1
+    assert wire_spool.read_overflow(str(spool))["dropped"] == 1
     (spool / "overflow").write_text(json.dumps({"dropped": 7, "firstDroppedAt": 1.0, "lastDroppedAt": 2.0,
                                                 "lastCommand": "DEL"}) + " " * 2000)  # longer than any update
     inode = (spool / "overflow").stat().st_ino
     for cid in ("c3", "c4"):
-        with pytest.raises(wire.SpoolFull):
-            wire.write_spool(str(spool), _event(op="CHECK", cid=cid), max_files=1)
-    marker = wire.read_overflow(str(spool))
+        with pytest.raises(wire_spool.SpoolFull):
+            wire_spool.write_spool(str(spool), _event(op="CHECK", cid=cid), max_files=1)
+    marker = wire_spool.read_overflow(str(spool))
     assert marker["dropped"] == 9 and marker["firstDroppedAt"] == 1.0 and marker["lastCommand"] == "CHECK"
     assert (spool / "overflow").stat().st_ino == inode and (spool / "overflow").stat().st_size < 2000
     assert synced == [], "the count is written like an event file: no fsync"
-    assert wire.take_overflow(str(spool))["dropped"] == 9
+    assert wire_spool.take_overflow(str(spool))["dropped"] == 9
 
 
 def test_parallel_plugin_processes_lose_no_count(plugin_exe: str, dirs: Dirs) -> None:
     """Many real plugin processes at once over a full spool: every drop is counted."""
-    wire.write_spool(dirs.spool, _event(cid="seed"))
+    wire_spool.write_spool(dirs.spool, _event(cid="seed"))
     n = 24
     conf = dirs.conf(cniVersion="1.0.0", name="spool-net", prevResult=PREV, spoolMaxFiles=1)
     data = json.dumps(conf).encode()
@@ -182,10 +184,10 @@ def test_parallel_plugin_processes_lose_no_count(plugin_exe: str, dirs: Dirs) ->
     for proc in procs:
         proc.stdout.close()
     assert codes == [0] * n
-    marker = wire.read_overflow(dirs.spool)
+    marker = wire_spool.read_overflow(dirs.spool)
     assert marker["dropped"] == n
-    assert len(wire.list_spool(dirs.spool)) == 1
-    assert sorted(os.listdir(dirs.spool)) == sorted([os.path.basename(wire.list_spool(dirs.spool)[0]), "overflow"])
+    assert len(wire_spool.list_spool(dirs.spool)) == 1
+    assert sorted(os.listdir(dirs.spool)) == sorted([os.path.basename(wire_spool.list_spool(dirs.spool)[0]), "overflow"])
 
 
 def test_spool_caps_are_validated(plugin_exe: str, dirs: Dirs) -> None:
@@ -240,7 +242,7 @@ def test_spool_dir_mode_is_fixed_on_the_dir_itself(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir(mode=0o777)
     os.chmod(spool, 0o777)
-    wire.write_spool(str(spool), _event())
+    wire_spool.write_spool(str(spool), _event())
     assert stat.S_IMODE(spool.stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in spool.iterdir())
 
@@ -257,9 +259,9 @@ def test_a_spooled_event_is_written_without_fsync(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real_fdatasync(fd))[1])
     spool = str(tmp_path / "spool")
     event = _event()
-    path = wire.write_spool(spool, event)
+    path = wire_spool.write_spool(spool, event)
     assert synced == []
-    assert wire.read_spool(path).to_dict() == event.to_dict()
+    assert wire_spool.read_spool(path).to_dict() == event.to_dict()
     assert os.listdir(spool) == [os.path.basename(path)], "no temp file left"
 
 
@@ -273,20 +275,20 @@ def test_a_reader_never_sees_a_half_written_spool_file(tmp_path: Path) -> None:
 
     def read_all() -> None:
         while not done.is_set():
-            for path in wire.list_spool(spool):
+            for path in wire_spool.list_spool(spool):
                 try:
-                    wire.read_spool(path)
+                    wire_spool.read_spool(path)
                     seen.add(path)
                 except FileNotFoundError:
                     pass
-                except wire.WireError as exc:
+                except wire_event.WireError as exc:
                     problems.append(f"{path}: {exc}")
 
     reader = threading.Thread(target=read_all)
     reader.start()
     try:
         for i in range(40):
-            wire.write_spool(spool, wire.Event(op="ADD", container_id=f"c{i}", ifname="eth0",
+            wire_spool.write_spool(spool, wire_event.Event(op="ADD", container_id=f"c{i}", ifname="eth0",
                                                driver="net.example.com", result=result))
     finally:
         done.set()
@@ -318,8 +320,8 @@ class TricklingPublisher:
     def _serve(self) -> None:
         conn, _ = self.sock.accept()
         with conn:
-            request = wire.read_frame(conn)
-            frame = wire.encode_frame({"ok": True, "id": request["event"]["event_id"]})
+            request = wire_frame.read_frame(conn)
+            frame = wire_frame.encode_frame({"ok": True, "id": request["event"]["event_id"]})
             try:
                 for i in range(len(frame)):
                     conn.sendall(frame[i:i + 1])
@@ -393,5 +395,5 @@ def test_version_comes_from_the_package(plugin_exe: str) -> None:
     from cni_plugin import __version__
 
     cfg = (Path(__file__).resolve().parents[2] / "setup.cfg").read_text()
-    assert "version = attr: cni_plugin.__version__" in cfg
+    assert "version = attr: cni_plugin.wire.version.__version__" in cfg
     assert __version__.count(".") == 2

@@ -17,8 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cni_plugin import config, jsonio, results
-from cni_plugin.errors import CNIError
+from cni_plugin import config
+from cni_plugin.lean import jsonio
+from cni_plugin.wire import results
+from cni_plugin.lean.errors import CNIError
 from cni_plugin.main import main
 
 

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
+from cni_plugin.wire import frame as wire_frame
+from cni_plugin.wire import spool as wire_spool
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "publisher"))
 from publisher_testkit import Publisher, request, wait_until  # noqa: E402  (tests/publisher: the publisher subprocess)
@@ -66,12 +68,12 @@ def vm_hwm_kib(pid: int) -> int:
 
 
 def spool_name(tag: str) -> str:
-    return f"{time.time_ns():020d}-{tag}{wire.SPOOL_SUFFIX}"
+    return f"{time.time_ns():020d}-{tag}{wire_spool.SPOOL_SUFFIX}"
 
 
 def event_dict(cid: str, result: object) -> dict:
-    return wire.Event(op="ADD", container_id=cid, ifname="eth0", driver="net.example.com",
-                      pod=wire.PodRef("team-a", "web-0", "uid-1"), result=result).to_dict()
+    return wire_event.Event(op="ADD", container_id=cid, ifname="eth0", driver="net.example.com",
+                      pod=wire_event.PodRef("team-a", "web-0", "uid-1"), result=result).to_dict()
 
 
 def rejected(pub: Publisher, reason: str) -> float:
@@ -117,7 +119,7 @@ def test_oversized_frame_is_refused_on_the_socket(publisher_at) -> None:
             sock.sendall(len(body).to_bytes(4, "big") + body)
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused on the length: the server may hang up before reading it all
-        reply = wire.read_frame(sock)
+        reply = wire_frame.read_frame(sock)
     assert reply["ok"] is False and "exceeds" in reply["error"], reply
     assert rejected(pub, "bad_frame") == 1
     assert pub.status(brief=True)["journal_depth"] == 0

@@ -37,7 +37,8 @@ from types import ModuleType
 
 import pytest
 
-from cni_plugin import wire
+from cni_plugin.wire import event as wire_event
+from cni_plugin.wire import spool as wire_spool
 from cni_plugin.launcher import install
 
 from .conftest import REPO, Chain, Dirs, run_plugin
@@ -110,12 +111,12 @@ def _spool_every_verb(chain: Chain, **extra: object) -> list[Path]:
     conf["cni.dev/valid-attachments"] = [{"containerID": chain.container_id, "ifname": "eth0"}]
     rc, out, err = run_plugin(chain.exe, "GC", conf, container_id="", ifname="")
     assert (rc, out) == (0, ""), out + err
-    return [Path(p) for p in wire.list_spool(chain.dirs.spool)]
+    return [Path(p) for p in wire_spool.list_spool(chain.dirs.spool)]
 
 
 def test_the_previous_publisher_reads_every_event_this_plugin_spools(chain: Chain, previous_wire) -> None:
     files = _spool_every_verb(chain)
-    ours = [wire.read_spool(str(p)) for p in files]
+    ours = [wire_spool.read_spool(str(p)) for p in files]
     assert [e.op for e in ours] == ["ADD", "CHECK", "CHECK", "DEL", "GC"]
     assert ours[2].check_error and all(e.has_pod_identity for e in ours[:4])
     _read_by(previous_wire, files)
@@ -124,7 +125,7 @@ def test_the_previous_publisher_reads_every_event_this_plugin_spools(chain: Chai
 def test_the_first_tolerant_publisher_reads_the_events_of_a_chain_with_a_device_id(chain: Chain,
                                                                                   tolerant_wire) -> None:
     files = _spool_every_verb(chain, runtimeConfig={"deviceID": "05:00.1"})
-    ours = [wire.read_spool(str(p)) for p in files]
+    ours = [wire_spool.read_spool(str(p)) for p in files]
     assert ours[0].op == "ADD" and ours[0].device_id == "0000:05:00.1"
     assert "device_id" not in tolerant_wire.Event.FIELDS
     _read_by(tolerant_wire, files)
@@ -175,14 +176,14 @@ def newer_plugin_exe(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("plugin-newer")
     package = root / "cni_plugin"
     shutil.copytree(REPO / "cni_plugin", package, ignore=shutil.ignore_patterns("__pycache__"))
-    source = (package / "wire.py").read_text()
+    source = (package / "wire_spool.py").read_text()
     for name in ("WIRE_VERSION", "WIRE_VERSION_MAX"):
-        source, count = re.subn(rf"^{name} = \d+$", f"{name} = {wire.WIRE_VERSION_MAX + 1}", source,
+        source, count = re.subn(rf"^{name} = \d+$", f"{name} = {wire_event.WIRE_VERSION_MAX + 1}", source,
                                 flags=re.MULTILINE)
-        assert count == 1, f"cni_plugin/wire.py no longer sets {name} on one line of its own"
+        assert count == 1, f"cni_plugin/wire_spool.py no longer sets {name} on one line of its own"
     source += (f"\n\n_to_dict = Event.to_dict\n\n\ndef _newer_to_dict(self):\n"
                f"    return {{**_to_dict(self), {NEWER_FIELD!r}: 0}}\n\n\nEvent.to_dict = _newer_to_dict\n")
-    (package / "wire.py").write_text(source)
+    (package / "wire_spool.py").write_text(source)
     return install(str(root / "netclaim"), python=sys.executable, root=str(root))
 
 
@@ -305,6 +306,6 @@ def test_this_publisher_keeps_every_event_of_a_newer_plugin_and_keeps_running(ne
     assert _spooled(node) == events, "a newer event was not kept as the plugin wrote it"
     assert not [n for n in node.spool() if n.endswith(".bad")]
     kept = [json.loads((Path(node.publisher.spool) / n).read_text()) for n in node.spool()]
-    assert all(e["version"] == wire.WIRE_VERSION_MAX + 1 and NEWER_FIELD in e for e in kept), kept
+    assert all(e["version"] == wire_event.WIRE_VERSION_MAX + 1 and NEWER_FIELD in e for e in kept), kept
     assert node.rejected("bad_spool_file") == 0 and node.journaled() == []
     assert node.publisher.proc.poll() is None

@@ -23,7 +23,8 @@ from typing import Any, Callable
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from cni_plugin.wire import Event, PodRef, encode_frame, event_request, read_frame
+from cni_plugin.wire.event import Event, PodRef
+from cni_plugin.wire.frame import encode_frame, event_request, read_frame
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.wire import new_order
+from cni_plugin.wire.event import new_order
 from publisher import limits
 from publisher.journal.schema import Attachment
 from publisher.kube.calls import Kube

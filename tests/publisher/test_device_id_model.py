@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import (DRIVER, MERGE, NO_NETNS, Cluster, Plugin, Publisher, cni_result, drained, suffix, wait_until)
 
 EXAMPLES = int(os.environ.get("NETCLAIM_DEVICE_MODEL_EXAMPLES", "8"))

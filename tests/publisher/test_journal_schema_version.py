@@ -171,7 +171,7 @@ def test_rows_an_older_release_wrote_after_this_one_opened_the_journal_are_notic
 def test_a_journal_of_the_previous_version_keeps_its_rows_and_its_events_keep_their_device_id(workdir):
     """A publisher upgraded over its journal: the newest column is
     added, what was stored is read as before, and a pending ADD keeps the device ID it came with."""
-    from cni_plugin.wire import Event, PodRef
+    from cni_plugin.wire.event import Event, PodRef
 
     state = workdir / "state"
     journal = Journal(str(state))

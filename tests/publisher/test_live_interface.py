@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import Cluster, request, suffix, wait_until
 from test_publisher_netns import CNI_BIN, netns_addresses, plugin_binary, run_plugin
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from publisher_testkit import Cluster, Publisher, cni_result, request, suffix, wait_until, wire_event
 
-from cni_plugin.wire import PodRef, event_request
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.netns]
 

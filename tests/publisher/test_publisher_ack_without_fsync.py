@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.wire import PodRef, event_request
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
 from publisher_testkit import cni_result, request, wait_until, wire_event
 
 pytestmark = pytest.mark.controlplane

@@ -34,7 +34,8 @@ from publisher_testkit import (
     wire_event,
 )
 
-from cni_plugin.wire import PodRef, event_request
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
 from publisher.journal import schema as journal_schema
 
 pytestmark = pytest.mark.controlplane

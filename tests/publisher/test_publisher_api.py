@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import DRIVER, Cluster, Plugin, add, apply_as, drained, suffix, wait_until
 
 pytestmark = pytest.mark.controlplane

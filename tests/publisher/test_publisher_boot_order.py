@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from cni_plugin.wire import PodRef, legacy_order, new_order
+from cni_plugin.wire.event import legacy_order, new_order, PodRef
 from publisher.journal.store import Journal
 from publisher.journal.order import BootOrder, current_boot_id
 from publisher_testkit import cni_result, wire_event

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.wire import PodRef, event_request, write_spool
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
+from cni_plugin.wire.spool import write_spool
 from publisher_testkit import (DRIVER, Cluster, cni_result, drained, in_boot, request, suffix, wait_until,
                                wire_event)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import BIN, Cluster, add, apply_as, send_check, suffix, take_interface_name
 
 pytestmark = pytest.mark.controlplane

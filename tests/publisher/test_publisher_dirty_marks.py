@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher import limits
 from publisher.clock import node_seconds
 from publisher.journal.livestate import entry_and_live, record_live, watched_rows

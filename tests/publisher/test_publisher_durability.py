@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import DRIVER, NO_NETNS, Cluster, Plugin, cni_result, suffix
 
 pytestmark = pytest.mark.controlplane

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import (DRIVER, Cluster, Plugin, add, drained, send_check, take_interface_name, wait_until,
                                suffix)
 

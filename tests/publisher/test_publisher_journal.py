@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher.clock import node_seconds
 from publisher.journal.store import Journal
 from publisher_testkit import cni_result, wire_event

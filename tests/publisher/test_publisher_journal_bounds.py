@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from cni_plugin.wire import PodRef, new_order
+from cni_plugin.wire.event import new_order, PodRef
 from publisher import limits
 from publisher.clock import node_seconds
 from publisher.journal.store import Journal

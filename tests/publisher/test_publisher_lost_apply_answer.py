@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from cni_plugin.wire import PodRef, event_request
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
 from publisher.reconcile.reconciler import server_devices
 from publisher.reconcile.writer import holds, owned_keys
 from publisher_testkit import DRIVER, Cluster, apply_as, cni_result, drained, request, suffix, wire_event

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cni_plugin.wire import Event, PodRef
+from cni_plugin.wire.event import Event, PodRef
 from publisher import limits
 from publisher.reconcile.mapper import map_event
 

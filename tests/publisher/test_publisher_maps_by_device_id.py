@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import (DRIVER, MERGE, NO_NETNS, Cluster, Plugin, cni_result, resynced, suffix, wait_until)
 
 FAST = ["--spool-interval", "0.2", "--resync-interval", "1", "--retry-max-delay", "1"]

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import Cluster, suffix
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.netns]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from cni_plugin.wire import PodRef, event_request
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
 from publisher.service import Service
 from publisher_testkit import DRIVER, MERGE, Cluster, cni_result, drained, request, suffix, wait_until, wire_event
 

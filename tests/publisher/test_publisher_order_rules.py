@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cni_plugin.wire import Event, PodRef, legacy_order, new_order
+from cni_plugin.wire.event import Event, legacy_order, new_order, PodRef
 from publisher.clock import node_seconds
 from publisher.journal.store import Attachment, Journal
 from publisher.journal.order import BootOrder

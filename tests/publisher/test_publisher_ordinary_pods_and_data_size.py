@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import DRIVER, MERGE, Cluster, Plugin, add, cni_result, drained, suffix, wait_until
 
 pytestmark = pytest.mark.controlplane

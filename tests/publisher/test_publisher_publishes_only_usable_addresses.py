@@ -18,7 +18,7 @@ from livewatch_kit import address_flags
 from publisher_testkit import Cluster, suffix, wait_until
 from test_publisher_netns import CNI_BIN, plugin_binary, run_plugin
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.netns]
 

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from cni_plugin.wire import PodRef, event_request, new_order
+from cni_plugin.wire.event import new_order, PodRef
+from cni_plugin.wire.frame import event_request
 from publisher_testkit import DRIVER, Cluster, Publisher, cni_result, drained, request, suffix, wire_event
 
 pytestmark = pytest.mark.controlplane

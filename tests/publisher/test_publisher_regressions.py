@@ -16,7 +16,9 @@ import urllib.request
 
 import pytest
 
-from cni_plugin.wire import PodRef, event_request, write_spool
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
+from cni_plugin.wire.spool import write_spool
 from publisher_testkit import (DRIVER, MERGE, Cluster, Plugin, Publisher, add, cni_result, drained, request,
                                resynced, suffix, wire_event)
 
@@ -386,7 +388,7 @@ def test_spool_overflow_is_counted_shown_and_warned_about(cluster: Cluster, publ
     publisher = publisher_factory(extra=["--spool-interval", "0.2"])
     os.makedirs(publisher.spool, mode=0o700, exist_ok=True)
     marker = {"dropped": 3, "firstDroppedAt": time.time() - 5, "lastDroppedAt": time.time(), "lastCommand": "DEL"}
-    with open(os.path.join(publisher.spool, "overflow"), "w") as fh:  # as cni_plugin/wire.py writes it
+    with open(os.path.join(publisher.spool, "overflow"), "w") as fh:  # as cni_plugin/wire/spool.py writes it
         json.dump(marker, fh)
     deadline = time.time() + 20
     while time.time() < deadline and publisher.status()["spool_overflow"]["dropped"] < 3:

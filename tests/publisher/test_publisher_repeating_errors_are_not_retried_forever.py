@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cni_plugin.wire import Event, PodRef
+from cni_plugin.wire.event import Event, PodRef
 from publisher_testkit import DRIVER, Cluster, Plugin, add, suffix
 from publisher.journal.store import shard_key
 

@@ -8,7 +8,7 @@ real kube-apiserver; the pod's Running phase is written as the kubelet would.
 
 from __future__ import annotations
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import DRIVER, Cluster, Plugin, add, cni_result, suffix, wait_until
 
 REASON = "NetclaimDeviceNotChained"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.wire import Event, PodRef
+from cni_plugin.wire.event import Event, PodRef
 from publisher.journal.store import Pending
 from publisher.service import Service
 from publisher_testkit import DRIVER, MERGE, Cluster, cni_result, suffix, wire_event

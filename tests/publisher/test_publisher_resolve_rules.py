@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cni_plugin.wire import Event, PodRef
+from cni_plugin.wire.event import Event, PodRef
 from publisher.reconcile.resolver import Unresolvable, allocated_node, choose_device
 from publisher.reconcile.slices import (
     DEFAULT_DEVICE_ID_ATTRIBUTES,

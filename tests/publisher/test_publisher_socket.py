@@ -16,7 +16,9 @@ import struct
 
 import pytest
 
-from cni_plugin.wire import PodRef, encode_frame, event_request, read_frame, write_spool
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import encode_frame, event_request, read_frame
+from cni_plugin.wire.spool import write_spool
 from peers import run_as_uid
 from publisher_testkit import Publisher, cni_result, request, unreachable_kubeconfig, wire_event
 

@@ -19,7 +19,8 @@ import urllib.request
 
 import pytest
 
-from cni_plugin.wire import PodRef, event_request
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
 from publisher_testkit import DRIVER, Cluster, cni_result, drained, request, suffix, wait_until, wire_event
 
 pytestmark = pytest.mark.controlplane

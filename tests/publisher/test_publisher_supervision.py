@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cni_plugin.wire import PodRef
+from cni_plugin.wire.event import PodRef
 from publisher_testkit import cni_result, wire_event
 
 pytestmark = pytest.mark.controlplane

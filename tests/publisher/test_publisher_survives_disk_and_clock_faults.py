@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.wire import PodRef, event_request, list_spool
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
+from cni_plugin.wire.spool import list_spool
 from publisher import limits
 from publisher_testkit import Plugin, add, cni_result, request, resynced, wait_until, wire_event
 

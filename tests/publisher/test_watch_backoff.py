@@ -338,7 +338,7 @@ def test_a_claim_refused_with_retry_after_is_not_retried_before_it(tmp_path):
 
 
 def test_an_event_refused_with_retry_after_is_not_retried_before_it(tmp_path):
-    from cni_plugin.wire import Event, PodRef
+    from cni_plugin.wire.event import Event, PodRef
     from publisher.clock import node_seconds
 
     svc = dirty_claim_service(tmp_path, lambda n, path: FakeAnswer(429, TOO_MANY, {"Retry-After": "7"}))

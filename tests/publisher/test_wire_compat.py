@@ -24,8 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import wire
-from cni_plugin.wire import PodRef, event_request, write_spool
+from cni_plugin.wire import event as events
+from cni_plugin.wire import spool as wire_spool
+from cni_plugin.wire.event import PodRef
+from cni_plugin.wire.frame import event_request
+from cni_plugin.wire.spool import write_spool
 from publisher_testkit import Publisher, cni_result, request, unreachable_kubeconfig, wait_until, wire_event
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -63,7 +66,7 @@ def journaled(p: Publisher) -> list[str]:
 def spool_file(spool: Path, body: dict | str, written: float | None = None) -> Path:
     """A spool file named as the plugin names it; `written`: its wall time (name and mtime)."""
     ns = time.time_ns() if written is None else int(written * 1e9)
-    path = spool / f"{ns:020d}-{os.urandom(4).hex()}{wire.SPOOL_SUFFIX}"
+    path = spool / f"{ns:020d}-{os.urandom(4).hex()}{wire_spool.SPOOL_SUFFIX}"
     path.write_text(body if isinstance(body, str) else json.dumps(body))
     if written is not None:
         os.utime(path, (written, written))
@@ -100,14 +103,14 @@ def test_an_unknown_optional_field_is_accepted_on_the_socket_and_from_the_spool_
 def test_an_event_of_a_newer_wire_version_is_refused_on_the_socket_with_a_reason(offline):
     """The plugin spools a refused event; the reply tells why (the plugin logs it)."""
     p = offline()
-    event = {**wire_event("ADD", "cid-v2", POD, cni_result()).to_dict(), "version": wire.WIRE_VERSION_MAX + 1}
+    event = {**wire_event("ADD", "cid-v2", POD, cni_result()).to_dict(), "version": events.WIRE_VERSION_MAX + 1}
     reply = request(p.socket, {"kind": "event", "event": event})
     assert reply["ok"] is False and "newer" in reply["error"] and "upgrade the publisher" in reply["error"], reply
     assert journaled(p) == []
 
 
 def test_a_spooled_event_of_a_newer_version_is_kept_while_a_malformed_one_is_quarantined(offline):
-    newer = {**wire_event("ADD", "cid-v2", POD, cni_result()).to_dict(), "version": wire.WIRE_VERSION_MAX + 1}
+    newer = {**wire_event("ADD", "cid-v2", POD, cni_result()).to_dict(), "version": events.WIRE_VERSION_MAX + 1}
     malformed = {**wire_event("ADD", "cid-bad", POD, cni_result()).to_dict(), "op": 5}
     names = {}
 
@@ -157,7 +160,7 @@ def test_an_old_plugins_spool_file_is_read_by_this_publisher(offline):
     """A file the first wire version's plugin spooled (kept verbatim in tests/publisher/data)."""
     fixture = DATA / "v1-plugin-add.event.json"
     event_id = json.loads(fixture.read_text())["event_id"]
-    p = offline(lambda spool: shutil.copy(fixture, spool / f"{time.time_ns():020d}-{event_id}{wire.SPOOL_SUFFIX}"))
+    p = offline(lambda spool: shutil.copy(fixture, spool / f"{time.time_ns():020d}-{event_id}{wire_spool.SPOOL_SUFFIX}"))
     wait_until("the old plugin's event journaled", lambda: event_id in journaled(p))
     assert os.listdir(p.spool) == []
     assert p.metric("netclaim_events_spooled_total") == 1
@@ -181,36 +184,36 @@ def test_a_plugin_event_spooled_and_acked_twice_is_one_event_whatever_its_extra_
 @pytest.mark.parametrize("version", [0, -1, "2", 1.0, True, None, [2]])
 def test_a_version_that_is_no_positive_integer_is_malformed_not_newer(version):
     body = {**wire_event("ADD", "c", POD).to_dict(), "version": version}
-    with pytest.raises(wire.WireError) as info:
-        wire.Event.from_dict(body)
-    assert not isinstance(info.value, wire.NewerVersion)
+    with pytest.raises(events.WireError) as info:
+        events.Event.from_dict(body)
+    assert not isinstance(info.value, events.NewerVersion)
 
 
 def test_a_newer_version_is_refused_before_its_other_fields_are_judged():
     """A newer format may change any field; it must not be quarantined as malformed for that."""
-    body = {"version": wire.WIRE_VERSION_MAX + 1, "op": {"changed": "shape"}}
-    with pytest.raises(wire.NewerVersion):
-        wire.Event.from_dict(body)
+    body = {"version": events.WIRE_VERSION_MAX + 1, "op": {"changed": "shape"}}
+    with pytest.raises(events.NewerVersion):
+        events.Event.from_dict(body)
 
 
 def test_unknown_fields_are_dropped_from_the_event_and_told_to_the_hook():
     seen: list[list[str]] = []
-    wire.on_unknown_fields(seen.append)
+    events.on_unknown_fields(seen.append)
     try:
         body = {**wire_event("ADD", "c", POD).to_dict(), "numa_node": 1,
                 "pod": {"namespace": "ns", "name": "n", "uid": "u", "labels": {}}}
-        event = wire.Event.from_dict(body)
-        with pytest.raises(wire.WireError):
-            wire.Event.from_dict({**body, "op": "JUMP"})  # malformed: nothing is told of it
+        event = events.Event.from_dict(body)
+        with pytest.raises(events.WireError):
+            events.Event.from_dict({**body, "op": "JUMP"})  # malformed: nothing is told of it
     finally:
-        wire.on_unknown_fields(None)
+        events.on_unknown_fields(None)
     assert seen == [["numa_node", "pod.labels"]]
     assert "numa_node" not in event.to_dict() and event.pod == PodRef("ns", "n", "u")
-    assert wire.Event.from_dict(event.to_dict()).to_dict() == event.to_dict()
+    assert events.Event.from_dict(event.to_dict()).to_dict() == event.to_dict()
 
 
 def test_the_plugin_still_sends_what_the_previous_publisher_reads():
     """Publishers roll out first: the plugin raises its version only after WIRE_VERSION_MAX did."""
-    assert wire.WIRE_VERSION <= wire.WIRE_VERSION_MAX
-    assert wire.Event(op="ADD", container_id="c", ifname="eth0", driver="d").version == wire.WIRE_VERSION
+    assert events.WIRE_VERSION <= events.WIRE_VERSION_MAX
+    assert events.Event(op="ADD", container_id="c", ifname="eth0", driver="d").version == events.WIRE_VERSION
 

@@ -74,11 +74,13 @@ print(json.dumps(out))
 
 
 def plugin_modules(src: Path) -> dict[str, Path]:
-    """cni_plugin and its submodules, by dotted name."""
-    mods = {PACKAGE: src / PACKAGE / "__init__.py"}
-    for path in sorted((src / PACKAGE).glob("*.py")):
-        if path.stem not in ("__init__", "__main__"):
-            mods[f"{PACKAGE}.{path.stem}"] = path
+    """cni_plugin, its sub-packages (wire/, lean/) and their modules, by dotted name."""
+    mods = {}
+    for path in sorted((src / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return {k: v for k, v in mods.items() if k not in SKIP_MODULES}
 
 
@@ -250,7 +252,7 @@ def generate(src: Path, inittab: Path, out: Path, tools: Path, include: Path, st
     if problems:
         raise SystemExit("freeze: " + "; ".join(problems))
     for name, path in own.items():  # lazily imported plugin modules too
-        frozen.setdefault(name, (path, name == PACKAGE))
+        frozen.setdefault(name, (path, path.name == "__init__.py"))
     deepfreeze = load_deepfreeze(tools, include)
     code_c = io.StringIO()
     printer = deepfreeze.Printer(code_c)

@@ -2,7 +2,7 @@
  * _netclaim_sys: the one system call the plugin needs that Python 3.11 lacks.
  *
  * The source plugin binds setns(2) through _ctypes (libffi + dlopen), which a
- * fully static binary cannot have. cni_plugin/netns.py prefers os.setns
+ * fully static binary cannot have. cni_plugin/lean/netns.py prefers os.setns
  * (3.12+), then this builtin, then _ctypes.
  */
 #define PY_SSIZE_T_CLEAN

@@ -138,7 +138,7 @@ def _plugin_class() -> Any:
 
 def _publish(bench: pub.Bench, pods: list[tuple[str, str, str]], sandboxes: list[Sandbox], prefix: str) -> None:
     """The ADD of every sandbox through the real plugin, as the runtime's chain would send it."""
-    from cni_plugin.wire import PodRef
+    from cni_plugin.wire.event import PodRef
 
     plugin = _plugin_class()(str(bench.dir / "run" / "p.sock"), str(bench.dir / "spool"), bench.dir,
                              network="benchnet")

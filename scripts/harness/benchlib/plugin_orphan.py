@@ -98,12 +98,13 @@ class _Chain:
 
 def _fill_spool(spool: Path, count: int) -> None:
     """The spool at its cap, as the plugin leaves it (the publisher would have drained it)."""
-    from cni_plugin import wire
+    from cni_plugin.wire import event as wire_event
+    from cni_plugin.wire import spool as wire_spool
 
     spool.mkdir(mode=0o700)
     for i in range(count):
-        event = wire.Event(op="ADD", container_id=f"old{i}", ifname="eth0", driver="net.example.com")
-        (spool / wire.spool_name(event)).write_bytes(wire.encode_event(event))
+        event = wire_event.Event(op="ADD", container_id=f"old{i}", ifname="eth0", driver="net.example.com")
+        (spool / wire_spool.spool_name(event)).write_bytes(wire_event.encode_event(event))
 
 
 def _waits(log_file: Path) -> list[int]:

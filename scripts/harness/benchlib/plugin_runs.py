@@ -47,9 +47,9 @@ class AckServer:
 
     def __init__(self, path: str) -> None:
         sys.path.insert(0, str(REPO))
-        from cni_plugin import wire
+        from cni_plugin.wire import frame as wire_frame
 
-        self.wire = wire
+        self.frames = wire_frame
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
         self.sock.listen(64)
@@ -64,8 +64,8 @@ class AckServer:
                 return
             with conn:
                 try:
-                    msg = self.wire.read_frame(conn)
-                    conn.sendall(self.wire.encode_frame({"ok": True, "id": msg["event"]["event_id"]}))
+                    msg = self.frames.read_frame(conn)
+                    conn.sendall(self.frames.encode_frame({"ok": True, "id": msg["event"]["event_id"]}))
                 except Exception:  # noqa: BLE001 - a bench server never dies on one bad client
                     pass
 

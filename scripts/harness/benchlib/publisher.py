@@ -194,7 +194,7 @@ class Bench:
             return out
 
     def status(self, brief: bool = False) -> dict[str, Any]:
-        from cni_plugin.wire import encode_frame, read_frame
+        from cni_plugin.wire.frame import encode_frame, read_frame
 
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(str(self.dir / "run" / "p.sock"))
@@ -436,7 +436,8 @@ def _wait_drained(bench: Bench, timeout: float = 600) -> float:
 
 
 def _drain(bench: Bench, pods: list[tuple[str, str, str]], offset: int) -> dict[str, Any]:
-    from cni_plugin.wire import Event, PodRef, write_spool
+    from cni_plugin.wire.event import Event, PodRef
+    from cni_plugin.wire.spool import write_spool
 
     bench.stop()
     for i, (pod, claim, uid) in enumerate(pods):

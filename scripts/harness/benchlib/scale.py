@@ -283,11 +283,11 @@ class Scale:
 
     def event(self, spec: PodSpec, op: str) -> Any:
         """The event the plugin would send for this pod's sandbox (cni_plugin/commands.py's fields)."""
-        from cni_plugin import wire
+        from cni_plugin.wire import event as wire_event
 
-        return wire.Event(op=op, container_id=spec.cid, ifname="eth0", driver=DRIVER,
+        return wire_event.Event(op=op, container_id=spec.cid, ifname="eth0", driver=DRIVER,
                           netns=f"/var/run/netns/{spec.cid}", network=NETWORK, request=REQUEST,
-                          pod=wire.PodRef(self.ns, spec.name, spec.uid), cni_version="1.1.0",
+                          pod=wire_event.PodRef(self.ns, spec.name, spec.uid), cni_version="1.1.0",
                           result=_result(spec.index))
 
     def send(self, specs: list[PodSpec], op: str) -> dict[str, float]:

@@ -305,7 +305,7 @@ class Observer:
 
 def publisher_status(sock_path: Path) -> dict[str, Any]:
     """The publisher's `status` answer over its socket (what `netclaim-publisher status -o json` prints)."""
-    from cni_plugin.wire import encode_frame, read_frame
+    from cni_plugin.wire.frame import encode_frame, read_frame
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(5)

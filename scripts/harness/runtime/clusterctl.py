@@ -68,7 +68,7 @@ def cmd_dranet_kubeconfig(args: argparse.Namespace) -> int:
 
 
 def _status(path: str) -> dict:
-    from cni_plugin.wire import encode_frame, read_frame
+    from cni_plugin.wire.frame import encode_frame, read_frame
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)

@@ -13,7 +13,7 @@ publisher has one shape to map. Shapes:
 
 from __future__ import annotations
 
-from .errors import config_error
+from ..lean.errors import config_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover

@@ -1,4 +1,4 @@
-"""A small stand-in for @dataclass, for the records on the plugin's hot path (cni_plugin/wire.py).
+"""A small stand-in for @dataclass, for the records on the plugin's hot path (cni_plugin/wire/event.py).
 
 Measured here, importing `dataclasses` costs ~35 ms and `typing` ~20 ms on a
 ~12 ms interpreter start, so the wire records declare their fields in FIELDS
