@@ -28,3 +28,8 @@ def boot_began_wall() -> float:
     """Wall time this boot began: now less CLOCK_BOOTTIME (moves with wall-clock steps). What a
     stamp or file time of before it is, or a container started before it, belongs to an earlier boot."""
     return wall() - node_seconds()
+
+
+def now_rfc3339() -> str:
+    """The wall clock as the API writes times (a condition's lastTransitionTime): whole seconds, UTC."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

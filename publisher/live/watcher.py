@@ -61,7 +61,7 @@ from publisher.journal.store import Journal
 from publisher.live.sandbox import NotANetns, Sandbox
 from publisher.live.status import OK, next_live
 from publisher.nsopen.access import NetnsAccess
-from publisher.reconcile.mapper import now_rfc3339
+from publisher.clock import now_rfc3339
 from publisher.reconcile.writer import backoff_delay
 
 # What a journal step of the watch may raise when the journal cannot serve it (JournalBusy is a

@@ -13,7 +13,6 @@ keep every other entry of that claim unpublished.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from cni_plugin.wire import results
 from cni_plugin.wire.event import Event
 
 from publisher import limits
+from publisher.clock import now_rfc3339
 
 READY = "Ready"
 REASON_CONFIGURED = "NetworkConfigured"
@@ -29,10 +29,6 @@ REASON_DRIFT = "NetworkDrift"
 # The order in which `data` sheds content when it is over the API's limit:
 # least useful to a consumer first; the attachment's own addresses last.
 TRIM_ORDER = ("dns", "routes", "other_interfaces", "other_ips", "ips", "interfaces")
-
-
-def now_rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 @dataclass

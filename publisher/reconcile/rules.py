@@ -54,7 +54,8 @@ from publisher.journal.order import BootOrder
 from publisher.kube.calls import PermanentError, TransientError
 from publisher.limits import InvalidEntry
 from publisher.live.status import at_add
-from publisher.reconcile.mapper import map_event, now_rfc3339
+from publisher.clock import now_rfc3339
+from publisher.reconcile.mapper import map_event
 from publisher.reconcile.reconciler import Reconciler, claim_facts, newest_sandbox
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.resolver import NotOurs, NotYet, Resolver, Target, Unresolvable, device_key, driver_results

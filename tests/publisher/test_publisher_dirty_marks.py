@@ -24,7 +24,7 @@ from publisher.journal.livestate import entry_and_live, record_live, watched_row
 from publisher.kube.calls import Credentials, Kube
 from publisher.live.status import Observed, next_live
 from publisher.observe.metrics import Metrics
-from publisher.reconcile.mapper import now_rfc3339
+from publisher.clock import now_rfc3339
 from publisher.service import Service, Settings
 from publisher_testkit import DRIVER, MERGE, Cluster, cni_result, suffix, wire_event
 
