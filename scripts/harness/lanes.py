@@ -53,7 +53,7 @@ LANE_A = ["tests/model", "tests/soak", "tests/deploy/test_node_life.py"]
 # The version matrix (one real cluster per Kubernetes minor, about 1.5 min each once built) runs
 # here too: its older minors' binaries are built, on a machine that lacks them, in the
 # background from the lanes' start (prebuild), while this lane's first test sleeps.
-LANE_C = ["tests/publisher/test_publisher_steady.py::test_idle_publisher_makes_no_request_per_claim",
+LANE_C = ["tests/publisher/service/test_publisher_steady.py::test_idle_publisher_makes_no_request_per_claim",
           "tests/deploy/test_release.py", "tests/deploy/test_release_registry.py",
           "tests/deploy/test_kubernetes_versions.py", "tests/deploy/test_kubectl_plugin.py",
           "tests/deploy/test_daemonset_cluster.py",

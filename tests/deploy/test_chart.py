@@ -530,7 +530,7 @@ def test_kubelet_probes_ask_each_process_over_its_own_socket_by_default() -> Non
 
 def test_kubelet_probes_go_to_a_loopback_probe_listener_not_the_metrics_port() -> None:
     """probes.mode=tcp: the metrics port is on the node's address, which every pod reaches: a pod holding slow
-    connections there fills its handlers (tests/publisher/test_probe_listener.py). Every probe of
+    connections there fills its handlers (tests/publisher/observe/test_probe_listener.py). Every probe of
     both containers goes to the container's own probe listener on the node's 127.0.0.1 instead."""
     for sets, ports in ((("probes.mode=tcp",), (9466, 9467)),
                         (("probes.mode=tcp", "metrics.probePort=19466", "metrics.keeperProbePort=19467"),

@@ -377,8 +377,8 @@ def test_each_compatibility_statement_names_tests_that_exist() -> None:
     body = skew_section()
     refs = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", body)
     files = {path for path, _name in refs}
-    assert {"tests/plugin/test_wire_rollout.py", "tests/publisher/test_wire_compat.py",
-            "tests/publisher/test_journal_schema_version.py"} <= files, files
+    assert {"tests/plugin/test_wire_rollout.py", "tests/publisher/intake/test_wire_compat.py",
+            "tests/publisher/journal/test_journal_schema_version.py"} <= files, files
     missing = []
     for path, name in refs:
         source = REPO / path

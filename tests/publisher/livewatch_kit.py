@@ -6,12 +6,15 @@ nothing here publishes). Fixtures are imported by name into the test modules tha
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from cni_plugin.wire.event import PodRef
 from typing import Any
 
 import pytest
@@ -153,3 +156,31 @@ def address_flags(netns: str, cidr: str) -> set[str]:
         if words[:2] == ["inet6", cidr]:
             return {w for w in words if w in ("tentative", "dadfailed", "deprecated")}
     return {"missing"}
+
+
+# The real chain on a netns, as a runtime runs a conflist (the reference plugins, then netclaim).
+CNI_BIN = "/usr/lib/cni"
+
+
+def run_plugin(binary: str, command: str, conf: dict, cid: str, netns: str, pod: PodRef) -> dict:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command, "CNI_CONTAINERID": cid,
+           "CNI_NETNS": netns, "CNI_IFNAME": "eth0", "CNI_PATH": CNI_BIN,
+           "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name};"
+                       f"K8S_POD_UID={pod.uid}"}
+    out = subprocess.run([binary], input=json.dumps(conf), env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"{binary} {command} failed: {out.stdout} {out.stderr}"
+    return json.loads(out.stdout) if out.stdout.strip() else {}
+
+
+def netns_addresses(name: str) -> tuple[str, list[str]]:
+    out = subprocess.run(["ip", "-n", name, "-j", "addr", "show", "dev", "eth0"], capture_output=True, text=True,
+                         check=True)
+    link = json.loads(out.stdout)[0]
+    ips = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a.get("scope") == "global"]
+    return link["address"], ips
+
+
+def plugin_binary():
+    from publisher_testkit import BIN  # the plugin built for this run
+
+    return BIN / "netclaim"

@@ -23,8 +23,7 @@ from .procs import terminate
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
-from cni_plugin.wire.frame import encode_frame
-from cni_plugin.wire.spool import read_frame  # noqa: E402
+from cni_plugin.wire.frame import encode_frame, read_frame  # noqa: E402
 
 
 def free_port() -> int:

@@ -4,29 +4,15 @@ publisher must publish what the netns really has."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 
 import pytest
 
 from cni_plugin.wire.event import PodRef
+from livewatch_kit import CNI_BIN, netns_addresses, plugin_binary, run_plugin
 from publisher_testkit import Cluster, suffix
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.netns]
-
-CNI_BIN = "/usr/lib/cni"
-
-
-def run_plugin(binary: str, command: str, conf: dict, cid: str, netns: str, pod: PodRef) -> dict:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command, "CNI_CONTAINERID": cid,
-           "CNI_NETNS": netns, "CNI_IFNAME": "eth0", "CNI_PATH": CNI_BIN,
-           "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name};"
-                       f"K8S_POD_UID={pod.uid}"}
-    out = subprocess.run([binary], input=json.dumps(conf), env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, f"{binary} {command} failed: {out.stdout} {out.stderr}"
-    return json.loads(out.stdout) if out.stdout.strip() else {}
-
 
 @pytest.fixture()
 def netns():
@@ -34,14 +20,6 @@ def netns():
     subprocess.run(["ip", "netns", "add", name], check=True)
     yield name
     subprocess.run(["ip", "netns", "del", name], check=False)
-
-
-def netns_addresses(name: str) -> tuple[str, list[str]]:
-    out = subprocess.run(["ip", "-n", name, "-j", "addr", "show", "dev", "eth0"], capture_output=True, text=True,
-                         check=True)
-    link = json.loads(out.stdout)[0]
-    ips = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a.get("scope") == "global"]
-    return link["address"], ips
 
 
 def test_bridge_host_local_netclaim_chain_publishes_the_netns_truth(cluster: Cluster, publisher, plugin, netns,
@@ -78,9 +56,3 @@ def test_bridge_host_local_netclaim_chain_publishes_the_netns_truth(cluster: Clu
         except AssertionError:
             pass  # cleanup only; the test's own assertion is what reports
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-
-
-def plugin_binary():
-    from publisher_testkit import BIN
-
-    return BIN / "netclaim"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from livewatch_kit import address_flags
 from publisher_testkit import Cluster, suffix, wait_until
-from test_publisher_netns import CNI_BIN, plugin_binary, run_plugin
+from livewatch_kit import CNI_BIN, plugin_binary, run_plugin
 
 from cni_plugin.wire.event import PodRef
 

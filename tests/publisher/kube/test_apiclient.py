@@ -15,7 +15,7 @@ import urllib3
 
 from publisher.kube import apiclient
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _kubeconfig(path: Path, server: str, cluster: dict, user: dict) -> str:

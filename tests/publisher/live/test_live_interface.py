@@ -20,7 +20,7 @@ import pytest
 
 from cni_plugin.wire.event import PodRef
 from publisher_testkit import Cluster, request, suffix, wait_until
-from test_publisher_netns import CNI_BIN, netns_addresses, plugin_binary, run_plugin
+from livewatch_kit import CNI_BIN, netns_addresses, plugin_binary, run_plugin
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.netns]
 

@@ -31,7 +31,7 @@ from cni_plugin.wire.frame import event_request
 from cni_plugin.wire.spool import write_spool
 from publisher_testkit import Publisher, cni_result, request, unreachable_kubeconfig, wait_until, wire_event
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 POD = PodRef("team-a", "web-0", "uid-1")
 
 

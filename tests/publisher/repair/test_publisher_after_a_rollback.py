@@ -40,7 +40,7 @@ from publisher.journal import schema as journal_schema
 
 pytestmark = pytest.mark.controlplane
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RELEASE_0_1_0 = "9cdf7f85d28f3af5e9a2499690ae2d730cd5552a"
 
 
