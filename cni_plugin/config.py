@@ -46,7 +46,7 @@ FAILURE_POLICIES = ("Ignore", "Fail")
 # The entry's top-level settings an installer writes from KEY=VALUE text (the chain keeper, the
 # one-shot installer's conflist editor), by the JSON type the plugin reads each as. parse_netconf
 # takes its integer ranges from here and the installers type their values by it
-# (publisher/chain/conflist.py build_entry): a JSON string where an integer belongs is refused by
+# (publisher/keeper/conflist.py build_entry): a JSON string where an integer belongs is refused by
 # the plugin (ADD error 7 on every pod start), so the two must never disagree.
 STRING_SETTINGS = ("driverName", "request", "socketPath", "spoolDir", "stateDir", "logFile", "failurePolicy")
 INT_SETTINGS = {  # key: (lowest, highest) accepted

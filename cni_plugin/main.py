@@ -45,7 +45,7 @@ def _retired() -> str:
     sandboxes, else ''.
 
     Then DEL and GC do nothing for netclaim and exit 0: nobody would ever read a
-    spooled event, and an uninstalled node must not grow files (publisher/chain/keeper.py
+    spooled event, and an uninstalled node must not grow files (publisher/keeper/keeper.py
     remove_plugin). One readlink and one lstat; the marker sits beside the
     executable the runtime runs (a source-tree launcher's is the interpreter's
     directory, where no marker ever is).

@@ -358,7 +358,7 @@ def take_state_dir(state_dir: str, socket_path: str, stop: threading.Event) -> A
     one's: the pods share the host's network) and takes over once the old one has stopped; plugins
     spool meanwhile. The socket is checked too: a publisher of a release without this lock."""
     from publisher import logs
-    from publisher.chain.nodelock import NodeLock
+    from publisher.nodelock import NodeLock
     from publisher.intake.server import served
 
     log = logs.get()
@@ -534,10 +534,10 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
     """Install the plugin and keep netclaim chained into the primary conflist; clean up on uninstall."""
     from pathlib import Path
 
-    from publisher.chain import keeper as chainkeeper
-    from publisher.chain import program as keeperprogram
+    from publisher.keeper import keeper as chainkeeper
+    from publisher.keeper import program as keeperprogram
     from publisher import logs
-    from publisher.chain.conflist import BadSetting, Refused, build_entry
+    from publisher.keeper.conflist import BadSetting, Refused, build_entry
 
     # First of all: a SIGTERM that comes while the API client is still loading must not be lost.
     stop = keeperprogram.StopSignal.install() if not (once or uninstall_now) else None
@@ -569,7 +569,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
         lock_dir=Path(lock_dir) if lock_dir else None, stall_after=stall_after,
         test_pauses={k: float(v) for k, _, v in (p.partition("=") for p in test_pause)},
         test_holds={k: Path(v) for k, _, v in (h.partition("=") for h in test_hold)})
-    from publisher.chain.runtime import RuntimeTeardown
+    from publisher.keeper.runtime import RuntimeTeardown
 
     if uninstall_now:
         cfg.teardown = RuntimeTeardown(runtime_teardown)
@@ -589,7 +589,7 @@ def chain_keeper(cni_conf_dir: str, cni_bin_dir: str, conflist: str, plugin_bina
 
     owner = None
     if kube is not None and daemonset:
-        from publisher.chain.ownerwatch import OwnerWatch
+        from publisher.keeper.ownerwatch import OwnerWatch
 
         owner = OwnerWatch(kube, namespace, daemonset)
         owner.start()  # from the first moment: the proof of an uninstall must be in hand before SIGTERM

@@ -293,7 +293,7 @@ LISTEN_RETRY_FIRST = 0.1
 LISTEN_RETRY_CAP = 5.0
 INTERNAL_ERROR_RETRIES = 3  # an event whose handling raised a non-journal error this often is failed, not retried forever
 
-# ---- Chain keeper (publisher/chain/guard.py): when keeping netclaim chained turns into a fight.
+# ---- Chain keeper (publisher/keeper/guard.py): when keeping netclaim chained turns into a fight.
 CHAIN_WRITES_MAX = 5  # keeper writes of one conflist within CHAIN_WRITES_WINDOW; one more = contested
 CHAIN_WRITES_WINDOW = 60.0  # seconds; also how long a contested conflist must stay chained to be settled
 CHAIN_BACKOFF_FIRST = 10.0  # seconds without writing a contested conflist, doubled after each lost retry

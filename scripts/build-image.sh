@@ -231,7 +231,7 @@ app_layer() {
         --no-cache-dir --disable-pip-version-check --no-warn-script-location --find-links /tmp/wheels netclaim >&2
     rm -rf "$rootfs/tmp/wheels"
     chroot "$rootfs" "${run[@]}" /opt/netclaim/venv/bin/python -B -c \
-        'import publisher.cli, publisher.kube.calls, publisher.chain.keeper, publisher.kube.apiclient, urllib3, yaml' \
+        'import publisher.cli, publisher.kube.calls, publisher.keeper.keeper, publisher.kube.apiclient, urllib3, yaml' \
         || die "the $arch venv does not import"
     chroot "$rootfs" "${run[@]}" /opt/netclaim/venv/bin/python -B /opt/netclaim/venv/bin/netclaim-publisher --version >&2 \
         || die "the $arch netclaim-publisher does not run"

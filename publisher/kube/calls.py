@@ -448,7 +448,7 @@ class Kube:
                       body=event, timeout=EVENT_TIMEOUT).read()
 
     def get_daemonset(self, namespace: str, name: str) -> dict[str, Any]:
-        """The chain keeper's own DaemonSet: gone or being deleted means uninstall (publisher/chain/keeper.py).
+        """The chain keeper's own DaemonSet: gone or being deleted means uninstall (publisher/keeper/keeper.py).
 
         Short timeouts: it is asked within the pod's termination grace period.
         """
@@ -456,7 +456,7 @@ class Kube:
                           timeout=EVENT_TIMEOUT)
 
     def list_daemonset(self, namespace: str, name: str) -> dict[str, Any]:
-        """The keeper's own DaemonSet as a list of at most one (publisher/chain/ownerwatch.py).
+        """The keeper's own DaemonSet as a list of at most one (publisher/keeper/ownerwatch.py).
 
         The name goes in the field selector: that is how RBAC's resourceNames covers
         a list or a watch. An empty list is as positive as a 404.

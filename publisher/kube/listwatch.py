@@ -1,7 +1,7 @@
 """List, then watch from the list's resourceVersion: the one loop the publisher's watches share.
 
 The pod cache (publisher/reconcile/podcache.py) and the keeper's watch of its own
-DaemonSet (publisher/chain/ownerwatch.py) differ only in what they list and what an
+DaemonSet (publisher/keeper/ownerwatch.py) differ only in what they list and what an
 event changes. The rules they share live here, and they are client-go's
 reflector's, because they decide what an API server restart costs at 5,000
 nodes, each with one of each watch:

@@ -7,7 +7,7 @@ chained, contested or behind. So each publisher keeps a `coordination.k8s.io/v1`
 it is down), and the annotation `netclaim.dev/node-state` carries a small JSON document of what
 the node's parts already know:
 
-- chained, conflist, contested: the chain keeper's status line (publisher/chain/keeper.py
+- chained, conflist, contested: the chain keeper's status line (publisher/keeper/keeper.py
   KeeperStatus.line, the body of its /readyz), read over the keeper's unix socket and believed only
   when root listens there (a TCP port on the loopback is anyone's to take: an answer over TCP is
   never believed); `unknown` when no keeper is configured (a systemd install) or it does not answer, which
@@ -87,7 +87,7 @@ class ChainView:
 
 
 def chain_view(line: str) -> ChainView:
-    """Read the keeper's status line (publisher/chain/keeper.py KeeperStatus.line, its /readyz body).
+    """Read the keeper's status line (publisher/keeper/keeper.py KeeperStatus.line, its /readyz body).
 
     `chained conflist=X`, `not chained conflist=X contested=A,B (...) problem=...`, `starting: ...`."""
     line = line.strip()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Add, update or remove the netclaim entry of a CNI conflist (stdlib only).
 
-scripts/install.sh calls this; the editing itself is publisher/chain/conflist.py,
+scripts/install.sh calls this; the editing itself is publisher/keeper/conflist.py,
 shared with the DaemonSet's chain keeper (atomic writes, a backup of the
 original, refusal of what it cannot parse: see that module).
 
@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from publisher.chain.conflist import (  # noqa: E402
+from publisher.keeper.conflist import (  # noqa: E402
     Refused,
     build_entry,
     has_entry,

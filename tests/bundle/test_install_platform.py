@@ -107,7 +107,7 @@ def test_the_chain_keeper_refuses_the_arm64_plugin_on_this_x86_64_node(node: Pat
 
 
 def test_the_chain_keepers_check_names_a_node_that_is_neither(bundle: Path, arm64_bundle: Path) -> None:
-    from publisher.chain.nodefiles import plugin_platform_problem
+    from publisher.keeper.nodefiles import plugin_platform_problem
 
     assert plugin_platform_problem(bundle) is None  # this x86_64 node, its own build
     assert plugin_platform_problem(arm64_bundle, machine="aarch64") is None

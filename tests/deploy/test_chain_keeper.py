@@ -653,7 +653,7 @@ def probes_port(proc: subprocess.Popen[bytes], root: Path) -> int:
 
 
 def test_heartbeat_fails_a_loop_that_stopped_turning_and_never_a_wait_or_a_stop() -> None:
-    from publisher.chain.heartbeat import KEEPING, STOPPING, WAITING, Heartbeat, stall_after
+    from publisher.keeper.heartbeat import KEEPING, STOPPING, WAITING, Heartbeat, stall_after
 
     clock = [1000.0]
     beat = Heartbeat(stall_after=5.0, now=lambda: clock[0])
@@ -708,7 +708,7 @@ def test_a_keeper_waiting_for_the_node_lock_stays_alive_but_not_ready(node: Node
     probe listener already up. /healthz stays 200 for many times --stall-after (waiting is how a new install
     takes turns; a restart would only wait again), /readyz stays 503; once the lock is let go the keeper
     chains the node and turns ready."""
-    from publisher.chain.nodelock import NodeLock
+    from publisher.nodelock import NodeLock
 
     node.write("10-calico.conflist", PRIMARY)
     lock_dir = node.spool.parent

@@ -50,7 +50,7 @@ def managed_primary(node: Node, doc: dict) -> tuple[Path, Path]:
 
 
 def keeper_entry() -> dict:
-    from publisher.chain.conflist import build_entry
+    from publisher.keeper.conflist import build_entry
 
     return build_entry([f"driverName={DRIVER}", "request=nic"], empty_is_default=True)
 
@@ -118,7 +118,7 @@ def test_a_symlinked_primary_is_reported_once_as_a_warning_and_the_keeper_stays_
                                                                                     plugin_binary: Path) -> None:
     """The Warning Event (posted by the same recorder as ChainContested, on the Node) is asked for once, not on
     every poll; /readyz stays ready as for a reported contest: only the operator can change this node."""
-    from publisher.chain.keeper import ChainKeeper, KeeperConfig
+    from publisher.keeper.keeper import ChainKeeper, KeeperConfig
 
     managed_primary(node, PRIMARY)
     notes: list[tuple[str, str]] = []
@@ -174,7 +174,7 @@ def test_a_link_planted_at_a_temp_name_in_the_bin_dir_is_never_written_through(n
     """The keeper's temp names were `.netclaim.<pid>.tmp` and `.netclaim-retired.<pid>.tmp`, opened without
     O_EXCL or O_NOFOLLOW; in a container the pid is 1. A link planted there made the keeper write the plugin
     (or the marker) into the link's target and then rename the link into place as the plugin."""
-    from publisher.chain.keeper import ChainKeeper, KeeperConfig
+    from publisher.keeper.keeper import ChainKeeper, KeeperConfig
 
     outside = tmp_root / "outside"
     outside.write_bytes(b"not the keeper's\n")

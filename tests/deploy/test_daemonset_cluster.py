@@ -31,7 +31,7 @@ import pytest
 
 import cni_plugin
 from cni_plugin.wire import spool as wire_spool
-from publisher.chain.nodefiles import cached_users
+from publisher.keeper.nodefiles import cached_users
 from chartlib import CHART, helm
 from deploylib import REPO, Looker, own_cluster
 

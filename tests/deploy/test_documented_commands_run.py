@@ -50,7 +50,7 @@ from chartlib import helm, helm_binary
 from deploylib import CONF, REPO, own_cluster, parse_unit_text, suffix, terminate
 from doclib import RUN_SEPARATORS, Block, all_blocks, command_lines, logical_lines, program_words, words
 from noderoot import LineRun, NodeRoot
-from publisher.chain.nodefiles import cached_users
+from publisher.keeper.nodefiles import cached_users
 from test_daemonset_cluster import (NodeFiles, build_image, can_i, daemonset_pod, pod_gets_status, service_account,
                                     sigterm_keeper)
 

@@ -19,7 +19,7 @@ import pytest
 
 from cni_plugin.config import parse_netconf
 from deploylib import DRIVER, REPO, netclaim_publisher_bin, python_env
-from publisher.chain.conflist import BadSetting, build_entry, install
+from publisher.keeper.conflist import BadSetting, build_entry, install
 
 PRIMARY = {"cniVersion": "1.0.0", "name": "podnet", "plugins": [{"type": "bridge", "bridge": "cbr0"}]}
 

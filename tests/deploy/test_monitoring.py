@@ -50,7 +50,7 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
 
 def exposed_names() -> set[str]:
     """Every sample name the publisher's and the keeper's registries can expose, by family type."""
-    from publisher.chain.guard import KeeperMetrics
+    from publisher.keeper.guard import KeeperMetrics
     from publisher.observe.metrics import Metrics
 
     suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count"),

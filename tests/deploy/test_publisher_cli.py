@@ -65,7 +65,7 @@ def test_metric_names_follow_prometheus_conventions_and_backlog_gauges(tmp_root:
     from prometheus_client.parser import text_string_to_metric_families
 
     import cni_plugin
-    from publisher.chain.guard import KeeperMetrics
+    from publisher.keeper.guard import KeeperMetrics
     from publisher.observe.metrics import Metrics
 
     metrics = Metrics()

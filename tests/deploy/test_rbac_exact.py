@@ -278,7 +278,7 @@ def keeper_kube(node_a: dict[str, Any]) -> tuple[Any, list[tuple[str, str]], dic
 @pytest.mark.controlplane
 def test_keeper_watches_its_daemonset_under_the_shipped_role(node_a) -> None:
     """Present -> keep the node (upgrade); deleted -> the watch sees it and the node is cleaned; never a 403."""
-    from publisher.chain.ownerwatch import OwnerWatch
+    from publisher.keeper.ownerwatch import OwnerWatch
 
     kube, calls, ds = keeper_kube(node_a)
     owner = OwnerWatch(kube, node_a["ns"], ds["metadata"]["name"])
@@ -302,7 +302,7 @@ def test_keeper_watches_its_daemonset_under_the_shipped_role(node_a) -> None:
 def test_refused_token_is_no_proof_of_uninstall(node_a) -> None:
     """The keeper's Role gone (RBAC replaced, an authorizer not synced yet): 403 keeps the node; a
     deletion seen by the watch opened before the Role went is still proof (what helm uninstall does)."""
-    from publisher.chain.ownerwatch import OwnerWatch
+    from publisher.keeper.ownerwatch import OwnerWatch
 
     kube, calls, ds = keeper_kube(node_a)
     [binding] = [d for d in by_kind(node_a["docs"], "RoleBinding") if d["metadata"]["name"].endswith("-chain-keeper")]
@@ -333,6 +333,6 @@ def test_refused_token_is_no_proof_of_uninstall(node_a) -> None:
 
 
 def kube_refuses(kube: Any, namespace: str, name: str) -> bool:
-    from publisher.chain.ownerwatch import ask_once
+    from publisher.keeper.ownerwatch import ask_once
 
     return ask_once(lambda: kube.get_daemonset(namespace, name)).evidence.startswith("get: 403")

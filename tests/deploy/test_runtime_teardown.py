@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from publisher.chain.runtime import CACHED_CONFIG, LOADED_CONFIG, RuntimeTeardown, teardown_in, teardown_of
+from publisher.keeper.runtime import CACHED_CONFIG, LOADED_CONFIG, RuntimeTeardown, teardown_in, teardown_of
 
 
 def test_containerd_tears_down_with_its_loaded_config_and_cri_o_with_the_cached_one() -> None:
@@ -32,7 +32,7 @@ class PodListStandIn:
 
 
 def test_until_the_runtime_is_known_cached_configs_count(monkeypatch) -> None:
-    import publisher.chain.runtime as runtime
+    import publisher.keeper.runtime as runtime
 
     monkeypatch.setattr(runtime, "RETRY", 0.01)
     api = PodListStandIn([OSError("refused"), [], [{"status": {"containerStatuses": [{"containerID": "containerd://b"}]}}]])

@@ -31,7 +31,7 @@ from click.testing import CliRunner
 from kubernetes import client
 
 from publisher import cli, limits
-from publisher.chain.keeper import KeeperStatus
+from publisher.keeper.keeper import KeeperStatus
 from publisher.kube.calls import NotFound, PermanentError, TransientError
 from publisher.observe import fleet as fleetmod
 from publisher.observe import nodelease as nodelease_mod

@@ -28,7 +28,7 @@ from peers import squatting
 from publisher_testkit import DRIVER, Plugin, add, free_port, suffix, wait_until
 
 from cni_plugin.wire.event import PodRef
-from publisher.chain.keeper import KeeperStatus
+from publisher.keeper.keeper import KeeperStatus
 from publisher.observe.metrics import HealthServer
 from publisher.observe.nodelease import ANNOTATION, ask_keeper
 

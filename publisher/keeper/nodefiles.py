@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from publisher import logs
-from publisher.chain.conflist import (
+from publisher.keeper.conflist import (
     NETWORK_EXTENSIONS,
     Refused,
     converted_name,

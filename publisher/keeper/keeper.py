@@ -12,7 +12,7 @@ The keeper runs beside the publisher in the DaemonSet. It:
 - chains the netclaim entry into the primary conflist (the one named, or
   the first network file by name, the file libcni-based runtimes use) and
   re-chains it within one poll interval after any rewrite; every write is
-  atomic and compared before it replaces anything (publisher/chain/conflist.py), a
+  atomic and compared before it replaces anything (publisher/keeper/conflist.py), a
   file that does not parse (say, read while a careless writer is halfway
   through) is left alone and retried, and a single-plugin .conf is converted;
 - never edits a primary that is a symlink (config management links it in):
@@ -20,19 +20,19 @@ The keeper runs beside the publisher in the DaemonSet. It:
   the Node, asked for once), and counts the node chained when the operator put
   netclaim's entry into the file where it is maintained;
 - leaves an entry that is after the primary plugin where it is and inserts a
-  missing one last (the rule is in publisher/chain/conflist.py), so a chainer that
+  missing one last (the rule is in publisher/keeper/conflist.py), so a chainer that
   moves itself last (istio-cni, linkerd-cni) and the keeper never fight; a
   writer that undoes every keeper write (Cilium's exclusive mode) is detected,
-  backed off from and reported (publisher/chain/guard.py);
+  backed off from and reported (publisher/keeper/guard.py);
 - records a state as handled only after re-reading the file and finding the
   entry there, so a rewrite right after its own write is never taken for done;
 - says how the node stands: /readyz and /metrics on --metrics-address, a
   `chain status` log line on every change, a Warning Event on the Node;
 - says whether it can still do that: /healthz fails when its loop has not
-  turned for many poll intervals (publisher/chain/heartbeat.py), and never
+  turned for many poll intervals (publisher/keeper/heartbeat.py), and never
   while it waits for the node lock, which is how a new install waits its turn;
 - on SIGTERM tells an uninstall from an upgrade or a restart, on positive
-  evidence only (publisher/chain/ownerwatch.py): its DaemonSet answered 404, showed
+  evidence only (publisher/keeper/ownerwatch.py): its DaemonSet answered 404, showed
   a deletionTimestamp, or was seen DELETED by the watch the keeper keeps on
   it while it runs (the watch survives the revocation of the release's RBAC,
   which `helm uninstall` deletes with the DaemonSet). Then it puts the node
@@ -60,10 +60,10 @@ from typing import Any, Callable
 
 from publisher import limits
 from publisher import logs
-from publisher.chain.guard import ChainGuard, KeeperMetrics
-from publisher.chain.heartbeat import KEEPING, STEPPED_DOWN, STOPPING, Heartbeat, stall_after
+from publisher.keeper.guard import ChainGuard, KeeperMetrics
+from publisher.keeper.heartbeat import KEEPING, STEPPED_DOWN, STOPPING, Heartbeat, stall_after
 from publisher.clock import node_seconds
-from publisher.chain.conflist import (
+from publisher.keeper.conflist import (
     BACKUP_SUFFIX,
     NETWORK_EXTENSIONS,
     Changed,
@@ -78,7 +78,7 @@ from publisher.chain.conflist import (
     uninstall,
     write_atomic,
 )
-from publisher.chain.nodefiles import (
+from publisher.keeper.nodefiles import (
     Snapshot,
     another_networks_file,
     chained_in_place,
@@ -88,7 +88,7 @@ from publisher.chain.nodefiles import (
     plugin_platform_problem,
     snapshot,
 )
-from publisher.chain.nodelock import LOCK_NAME, OWNER_NAME
+from publisher.nodelock import LOCK_NAME, OWNER_NAME
 from cni_plugin.config import RETIRED_MARKER  # beside the executable: its DEL and GC do nothing
 from cni_plugin.retire import RETIRED_DIR, cached_attachments, marker_document, still_used
 
@@ -118,13 +118,13 @@ class KeeperConfig:
     cache_dir: Path | None = None  # the runtimes' libcni cache dir (results/), read on uninstall
     node_cache_dir: str = ""  # the same dir as the plugin on the node sees it (empty: cache_dir)
     poll_interval: float = 1.0
-    # The node dir (the state dir) of the keeper's lock and claim (publisher/chain/nodelock.py): an uninstall's
+    # The node dir (the state dir) of the keeper's lock and claim (publisher/nodelock.py): an uninstall's
     # cleanup and a new install's keeper never overlap. None: no lock.
     lock_dir: Path | None = None
     # Seconds without a turn of the loop after which /healthz fails; 0: many poll intervals
-    # (publisher/chain/heartbeat.py `stall_after`).
+    # (publisher/keeper/heartbeat.py `stall_after`).
     stall_after: float = 0.0
-    # How the runtime runs DEL (publisher/chain/runtime.py); None: with the cached config (the cautious rule).
+    # How the runtime runs DEL (publisher/keeper/runtime.py); None: with the cached config (the cautious rule).
     teardown: Any = None
     # Tests only: seconds to stop at a point of an edit ("before-replace", "after-write"), to land a
     # write of another process exactly there.
@@ -180,7 +180,7 @@ class ChainKeeper:
         self._warned: dict[str, float] = {}
         self._labels: set[str] = set()
         self.stop = threading.Event()
-        # A newer keeper claimed the node (publisher/chain/nodelock.py): this one steps down.
+        # A newer keeper claimed the node (publisher/nodelock.py): this one steps down.
         self.superseded: Callable[[], bool] = lambda: False
         self.stepped_down = False
         # Liveness (/healthz): the loop beats once per turn; waiting for the node lock is alive.

@@ -1,10 +1,10 @@
 """The chain keeper as a process: signals, its probe and metrics listeners, the node lock, one life.
 
-publisher/chain/keeper.py is what the keeper does to a node (chain, keep chained, put back); this
+publisher/keeper/keeper.py is what the keeper does to a node (chain, keep chained, put back); this
 module is how the program around it lives on the node: SIGTERM caught from the first moment (a
 PID 1 without a handler ignores it), probes answering while it waits its turn on the node lock
 (so a new install that waits is alive, not dead), the lock taken before anything is written, and
-on SIGTERM the uninstall-or-upgrade decision (publisher/chain/ownerwatch.py) that says whether
+on SIGTERM the uninstall-or-upgrade decision (publisher/keeper/ownerwatch.py) that says whether
 the node is put back.
 """
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from publisher import logs
-from publisher.chain.guard import KeeperMetrics
-from publisher.chain.heartbeat import STARTING, WAITING, Heartbeat
-from publisher.chain.keeper import TEARDOWN_WAIT, ChainKeeper, KeeperConfig
-from publisher.chain.nodelock import LockBusy, NodeLock
+from publisher.keeper.guard import KeeperMetrics
+from publisher.keeper.heartbeat import STARTING, WAITING, Heartbeat
+from publisher.keeper.keeper import TEARDOWN_WAIT, ChainKeeper, KeeperConfig
+from publisher.nodelock import LockBusy, NodeLock
 
 
 # ---------------------------------------------------------------- uninstall or upgrade?
@@ -126,7 +126,7 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     if keeper.stepped_down:
         return step_down(lock, stop.event, listeners)
     log.info("chain keeper signalled: uninstall or upgrade?", extra={"signal": signalled[-1] if signalled else 0})
-    # Positive evidence only (publisher/chain/ownerwatch.py): 'gone' cleans the node; 'present' and 'unknown' keep it.
+    # Positive evidence only (publisher/keeper/ownerwatch.py): 'gone' cleans the node; 'present' and 'unknown' keep it.
     state = decide() if decide is not None else "unknown"
     log.info("chain keeper stopping", extra={"owner": state})
     keeper.hold("before-cleanup")

@@ -1,7 +1,7 @@
 """Add, update or remove the netclaim entry of a CNI conflist (stdlib, the plugin's config, publisher/limits.py).
 
 Used by scripts/operator/conflist_edit.py (scripts/install.sh, systemd installs) and by
-the chain keeper of the DaemonSet (publisher/chain/keeper.py), so both edit a
+the chain keeper of the DaemonSet (publisher/keeper/keeper.py), so both edit a
 node's network config the same way.
 
 Why it is careful:

@@ -10,7 +10,7 @@ a conflist on a busy disk).
 
 Three phases are alive however long they last, since nothing is stuck in them:
 
-- waiting for the node lock (publisher/chain/nodelock.py): a new install's
+- waiting for the node lock (publisher/nodelock.py): a new install's
   keeper waits while an older keeper (an uninstall cleaning up, a rollout's
   previous pod) holds it. Restarting the waiter would only start the wait
   again, so waiting is alive; the waiting loop beats too.

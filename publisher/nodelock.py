@@ -19,7 +19,7 @@ lock, that the owner file still holds its own token: a newer claim means a
 newer install is taking the node, and everything is left to it.
 
 A keeper that sees a newer claim while it keeps the chain steps down
-(publisher/chain/keeper.py `step_down`): it releases the lock and touches
+(publisher/keeper/keeper.py `step_down`): it releases the lock and touches
 nothing more. That is what a surge rollout needs: its new pod's init
 container claims the node while the old pod still runs, and the old pod is
 only deleted once the new one is ready.
