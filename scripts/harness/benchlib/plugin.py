@@ -51,6 +51,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cni-bin", default="/usr/lib/cni", help="directory with the Go reference plugins")
     parser.add_argument("--python", default="/usr/bin/python3", help="interpreter for the source launcher and the floor")
     parser.add_argument("--root", default=str(REPO), help="directory containing the cni_plugin package to time")
+    parser.add_argument("--baseline", default="", metavar="TREE",
+                        help="another checkout (e.g. `git worktree add` of the commit before a change): its static "
+                             "plugin and launcher are timed in the same rounds, and the headline ADD is measured "
+                             "alternating with the baseline's (after/before ratios)")
     parser.add_argument("--doc", default="", help="rewrite this file's `plugin` section with the figures")
     parser.add_argument("--orphaned-node", action="store_true",
                         help="instead: pod ADD/DEL on a chain with netclaim last, no publisher and a full spool, "
@@ -189,6 +193,40 @@ def _empty(directory: Path) -> None:
                 child.unlink()
 
 
+BASELINE = "baseline bundle ADD report-only (read-back, spool)"
+BASELINE_LAUNCHER = "baseline launcher ADD report-only (read-back, spool)"
+
+
+def _baseline(tmp: Path, args) -> tuple[str, str]:
+    """The baseline tree's static plugin (built by its own build script) and its source launcher."""
+    tree = Path(args.baseline).resolve()
+    built = sh("bash", str(tree / "scripts" / "build-plugin.sh")).strip().splitlines()[-1]
+    exe = tmp / "baseline-netclaim"
+    shutil.copy2(built, exe)
+    launcher = tmp / "baseline-launcher-netclaim"
+    sh(args.python, "-I", "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+       "from cni_plugin.launcher import install; install(sys.argv[2], python=sys.argv[3], root=sys.argv[1])",
+       str(tree), str(launcher), args.python)
+    return str(exe), str(launcher)
+
+
+def _versus_baseline(walls: dict[str, list[float]], cases: dict, args, spool: Path) -> dict:
+    """This tree against the baseline: interleaved medians, and the headline ADD alternating with the baseline's."""
+    def ratio(after: str, before: str) -> float:
+        return round(statistics.median(walls[after]) / statistics.median(walls[before]), 3)
+
+    pairs = _abab(cases[BASELINE][0], cases[HEADLINE][0], args.pairs, spool)
+    return {"tree": str(Path(args.baseline).name),
+            "bundle_ms": {"before": round(statistics.median(walls[BASELINE]) * 1000, 2),
+                          "after": round(statistics.median(walls[HEADLINE]) * 1000, 2)},
+            "bundle_after_over_before": ratio(HEADLINE, BASELINE),
+            "launcher_after_over_before": ratio("launcher ADD report-only (read-back, spool)", BASELINE_LAUNCHER),
+            "bundle_alternating": {"pairs": pairs["pairs"], "before_ms": pairs["floor_ms"],
+                                   "after_ms": pairs["add_ms"], "after_over_before": pairs["x_floor"],
+                                   "after_over_before_of_pairs": pairs["x_floor_of_pairs"],
+                                   "block_range": pairs["x_floor_range"]}}
+
+
 def run(args) -> dict:
     if getattr(args, "orphaned_node", False):
         from . import plugin_orphan
@@ -203,6 +241,7 @@ def run(args) -> dict:
     try:
         bundle, built = install_bundle(tmp)
         launcher = install(str(tmp / "launcher-netclaim"), python=args.python, root=args.root)
+        before = _baseline(tmp, args) if args.baseline else None
         netns, prev = _netns(ns)
         prev_full = json.loads(json.dumps(prev))
         prev_full["interfaces"][0]["mtu"] = 1500
@@ -239,6 +278,9 @@ def run(args) -> dict:
             "launcher DEL (spool)": (cni("DEL", launcher, nc), None),
             "bundle VERSION": (cni("VERSION", bundle, {"cniVersion": "1.0.0"}), None),
         }
+        if before:
+            cases[BASELINE] = (cni("ADD", before[0], nc), None)
+            cases[BASELINE_LAUNCHER] = (cni("ADD", before[1], nc), None)
         walls: dict[str, list[float]] = {k: [] for k in cases}
         cpus: dict[str, list[float]] = {k: [] for k in cases}
         rss: dict[str, list[int]] = {k: [] for k in cases}
@@ -261,6 +303,9 @@ def run(args) -> dict:
         headline = _abab(cases[FLOOR][0], cases[HEADLINE][0], args.pairs, tmp / "spool")
         breakdown = _breakdown(cases[HEADLINE][0], args.trace_runs, tmp / "spool")
         figures = _figures(args.runs, walls, cpus, rss, built, headline, breakdown)
+        if before:
+            figures["baseline"] = _versus_baseline(walls, cases, args, tmp / "spool")
+            print(json.dumps({"baseline": figures["baseline"]}, indent=1), file=sys.stderr)
         _print(figures)
         if args.doc:
             write_section(Path(args.doc), figures)
