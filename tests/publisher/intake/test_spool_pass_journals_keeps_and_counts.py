@@ -65,6 +65,16 @@ class SpoolPass:
         return self.metrics.registry.get_sample_value(name) or 0.0
 
 
+@dataclass
+class Workers:
+    """What the intake wakes after a commit: here it only records what it was told (None: a spool pass)."""
+
+    notified: list[Event | None] = field(default_factory=list)
+
+    def notify(self, event: Event | None) -> None:
+        self.notified.append(event)
+
+
 @pytest.fixture()
 def spool_pass(workdir: Path) -> Iterator[SpoolPass]:
     spool = workdir / "spool"
@@ -75,10 +85,10 @@ def spool_pass(workdir: Path) -> Iterator[SpoolPass]:
     recorder = EventRecorder(kube=None, node_name=NODE, count=warnings.append, enabled=False)  # no API server
     reporter = Reporter(metrics=metrics, events=recorder)
     health = Health()
-    notified: list[Event | None] = []
-    intake = Intake(journal=journal, spool_dir=str(spool), node=NODE, reporter=reporter, notify=notified.append,
+    workers = Workers()
+    intake = Intake(journal=journal, spool_dir=str(spool), node=NODE, reporter=reporter, workers=workers,
                     health=health)
-    yield SpoolPass(spool, journal, metrics, reporter, health, intake, notified, warnings)
+    yield SpoolPass(spool, journal, metrics, reporter, health, intake, workers.notified, warnings)
     journal.close()
 
 
