@@ -123,6 +123,9 @@ CANNOT_RUN_HERE = {
         "test_release.py imports the archive with every platform, names its index by digest and installs the "
         "packaged chart by digest on a cluster of its own; a release built and installed here too would double "
         "lane c's release cost",
+    r"^COSIGN_PASSWORD=\S+ scripts/release\.sh \S+ --push |^cosign |^helm install \S+ oci://registry\.example\.com/":
+        "the reader's registry and the project's signing key (placeholders): test_release_registry.py pushes a "
+        "release to a real registry on the loopback, signs it, verifies it with cosign and pulls the chart from it",
     r"--set cni\.conflist=10-aws\.conflist": "Amazon EKS's node layout and the reader's registry and digest "
                                              "(placeholders): none of it is on this machine",
 }
