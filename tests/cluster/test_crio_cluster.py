@@ -23,17 +23,16 @@ import json
 import os
 import socket
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
+from cluster_kit import cluster_with_netclaim, fresh_namespace, need_root, netclaim_warnings, publisher_metric
 from runtime import multinet
 from runtime.realcluster import (ClusterError, RealCluster, cluster_sh, entries_of, parse_env, pod_manifest,
                                  ready_status, wait_until)
 from test_kubectl_reaches_the_node import import_app_image, kubectl_reaches_the_node
-from test_multi_network import netclaim_warnings, publisher_metric
 from test_multus import BRIDGE2, MACVLAN, expected_of, settled
 from test_real_cluster import assert_entry_is_the_pods, entry_gone
 
@@ -42,38 +41,24 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def crio_cluster() -> Iterator[RealCluster]:
-    if os.geteuid() != 0:
-        pytest.fail("the real cluster needs root (kubelet, CRI-O, cgroups)", pytrace=False)
+    need_root("kubelet, CRI-O, cgroups")
     directory = os.environ.get("NETCLAIM_CRIO_CLUSTER_DIR", "/tmp/nc-crtest")
     # eth0 reports under the primary request, as with Multus (the last test puts Multus on this node)
     env = {**os.environ, "NETCLAIM_CLUSTER_DIR": directory, "NETCLAIM_REQUEST": multinet.PRIMARY_REQUEST}
-    try:
-        reused = "kubelet: running" in cluster_sh("status", env=env)
-    except ClusterError:
-        reused = False
     before = host_state()
-    try:
-        cluster = RealCluster(directory, parse_env(cluster_sh("up", "--runtime", "crio", env=env)), env)
-    except ClusterError as exc:
-        try:
-            if not reused:
-                cluster_sh("down", env=env)
-        finally:
-            pytest.fail(f"the real cluster with CRI-O could not start: {exc}", pytrace=False)
-    try:
+
+    def runs_crio(cluster: RealCluster) -> None:
         if cluster.values.get("NETCLAIM_RUNTIME") != "crio":
             raise ClusterError(f"the cluster in {directory} runs {cluster.values.get('NETCLAIM_RUNTIME')}, not CRI-O")
-        cluster.sh("install-netclaim")
-    except ClusterError as exc:
-        if not reused:
-            cluster.down()
-        pytest.fail(f"netclaim could not be installed in the CRI-O cluster: {exc}", pytrace=False)
-    yield cluster
-    if not reused and not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
-        cluster.down()
+
+    def no_leftovers(cluster: RealCluster) -> None:
         left = host_leftovers(cluster, before)
         if left:
             pytest.fail(f"`cluster.sh down` left CRI-O's traces on the host: {left}", pytrace=False)
+
+    yield from cluster_with_netclaim(
+        env, lambda: RealCluster(directory, parse_env(cluster_sh("up", "--runtime", "crio", env=env)), env),
+        "the real cluster with CRI-O", check=runs_crio, after_down=no_leftovers)
 
 
 def host_state() -> dict[str, Any]:
@@ -101,9 +86,7 @@ def host_leftovers(cluster: RealCluster, before: dict[str, Any]) -> dict[str, An
 
 @pytest.fixture
 def crio_ns(crio_cluster: RealCluster) -> Iterator[str]:
-    name = crio_cluster.namespace(f"o-{uuid.uuid4().hex[:6]}")
-    yield name
-    crio_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(crio_cluster, "o")
 
 
 # ---------------------------------------------------------------- helpers (CRI-O's view, netclaim's logs)

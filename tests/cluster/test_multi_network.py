@@ -23,17 +23,14 @@ import json
 import os
 import tempfile
 import time
-import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from runtime.realcluster import (PAUSE_IMAGE, ClusterError, RealCluster, cluster_sh, entries_of, parse_env,
-                                 ready_status, wait_until)
+from cluster_kit import cluster_with_netclaim, fresh_namespace, need_root, netclaim_warnings, publisher_metric
+from runtime.realcluster import PAUSE_IMAGE, RealCluster, entries_of, parse_env, ready_status, wait_until
 
-REPORTING_CONTROLLER = "netclaim.dev/publisher"  # publisher/observe/events.py
 DEVICE_CLASS = "net.example.com"  # the DeviceClass scripts/cluster.sh creates for its DRA driver
 
 
@@ -41,37 +38,22 @@ DEVICE_CLASS = "net.example.com"  # the DeviceClass scripts/cluster.sh creates f
 def multi_cluster() -> Iterator[RealCluster]:
     """Its own cluster (the session's has one single-stack network), in NETCLAIM_CLUSTER_DIR + "-mn";
     one already up there with these options is reused and left up. Never skipped: fails with the reason."""
-    if os.geteuid() != 0:
-        pytest.fail("the real cluster needs root (kubelet, containerd, cgroups)", pytrace=False)
+    need_root()
     base = os.environ.get("NETCLAIM_CLUSTER_DIR")
     directory = f"{base}-mn" if base else os.path.join(tempfile.gettempdir(), "nc-mn")
     env = {**os.environ, "NETCLAIM_CLUSTER_DIR": directory}
-    try:
-        reused = "kubelet: running" in cluster_sh("status", env=env)
-    except ClusterError:
-        reused = False
-    cluster = RealCluster(directory, {}, env)
-    try:
+
+    def up() -> RealCluster:
+        cluster = RealCluster(directory, {}, env)
         cluster.values = parse_env(cluster.sh("up", "--networks", "2", "--dual-stack", timeout=1800))
-        cluster.sh("install-netclaim")
-    except ClusterError as exc:
-        try:
-            if not reused:
-                cluster_sh("down", env=env)
-        finally:
-            pytest.fail(f"the multi-network cluster could not start: {exc}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        if not reused and not os.environ.get("NETCLAIM_CLUSTER_KEEP"):
-            cluster.down()
+        return cluster
+
+    yield from cluster_with_netclaim(env, up, "the multi-network cluster")
 
 
 @pytest.fixture
 def ns(multi_cluster: RealCluster) -> Iterator[str]:
-    name = multi_cluster.namespace(f"mn-{uuid.uuid4().hex[:6]}")
-    yield name
-    multi_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(multi_cluster, "mn")
 
 
 # ---------------------------------------------------------------- objects
@@ -146,13 +128,6 @@ def assert_entry_is_the_interface(cluster: RealCluster, ns: str, pod_name: str, 
 
 def in_subnet(cidr: str, subnet: str) -> bool:
     return ipaddress.ip_interface(cidr).ip in ipaddress.ip_network(subnet)
-
-
-def netclaim_warnings(cluster: RealCluster, ns: str) -> list[str]:
-    """The Warning Events netclaim's publisher posted in the namespace (on pods or claims): reason and note."""
-    items = json.loads(cluster.kubectl("get", "events.events.k8s.io", "-n", ns, "-o", "json"))["items"]
-    return [f"{e.get('reason')}: {e.get('note')}" for e in items
-            if e.get("type") == "Warning" and e.get("reportingController") == REPORTING_CONTROLLER]
 
 
 # ---------------------------------------------------------------- the tests
@@ -234,19 +209,6 @@ def test_dual_stack_entry_of_a_pod_that_claims_only_eth0(multi_cluster: RealClus
 
 NO_REQUEST = 'netclaim_events_ignored_total{reason="no_request"}'
 FAILED = "netclaim_events_failed_total"
-
-
-def publisher_metric(cluster: RealCluster, name: str) -> float:
-    """A counter of the publisher's /metrics (summed over its labels when `name` has none)."""
-    port = (Path(cluster.dir) / "nc" / "metrics.port").read_text().strip()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        key, _, value = line.rpartition(" ")
-        if key == name or ("{" not in name and key.startswith(name + "{")):
-            total += float(value)
-    return total
 
 
 def test_chain_keeper_keeps_each_network_its_own_entry(multi_cluster: RealCluster, ns: str) -> None:
