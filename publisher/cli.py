@@ -304,9 +304,10 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
         log.info("publisher stopped while waiting for the previous one: nothing done")
         return
     try:
-        service = Service(settings, kube, metrics)
-        server = SocketServer(socket_path, service.submit, service.status, metrics, allowed_uid, allowed_gid,
-                              resync=service.request_resync)
+        service = Service(settings, kube, metrics,
+                          socket=functools.partial(SocketServer, socket_path, metrics=metrics,
+                                                   allowed_uids=allowed_uid, allowed_gids=allowed_gid))
+        server = service.server
 
         def http(address: str, probes_only: bool) -> Any:
             listener = HealthServer(address, metrics, service.ready, service.live, probes_only=probes_only)
@@ -323,8 +324,6 @@ def run(node_name: str, kubeconfig: str | None, socket_path: str, state_dir: str
                                                         ("probe-socket", probe_socket, True))]
     except (OSError, sqlite3.Error) as exc:
         raise config_error("cannot start", exc) from None
-    service.health.checks.append(server.serving)
-    metrics.watch_backlog(spool_dir, service.oldest_pending_age, service.intake.spooled_times)
     server.start()
     service.start()
     log.info("publisher started", extra={"node": node_name, "socket": socket_path, "state_dir": state_dir,

@@ -1,8 +1,9 @@
 """The publisher service: wires the data flow together and keeps its threads alive.
 
     socket / spool ─▶ intake (publisher/intake/spool.py) ─▶ journal (publisher/journal/store.py)
-    journal ─▶ workers ─▶ per-verb rules (publisher/reconcile/rules.py) ─▶ reconciler (publisher/reconcile/reconciler.py,
-    the only writer) ─▶ server-side apply (publisher/reconcile/writer.py)
+    journal ─▶ workers (publisher/reconcile/workers.py) ─▶ per-verb rules (publisher/reconcile/rules.py)
+    ─▶ reconciler (publisher/reconcile/reconciler.py, the only writer)
+    ─▶ server-side apply (publisher/reconcile/writer.py)
     claim windows (publisher/repair/claimwatch.py): resolve by a watch that stays open after the apply
     housekeeping (publisher/repair/resync.py): spool ingestion, dirty-claim retries, safety net, pruning
     report (publisher/observe/report.py): status, last error, Warning Events
@@ -10,20 +11,21 @@
 
 Workers are sharded by containerID, so the events of one attachment are
 handled by one thread in journal order; other sandboxes run in parallel.
-Every thread runs under a supervisor that logs a crash, marks the thread
-down (/readyz says so) and starts it again after a short delay; past its
-restart budget liveness fails too. Loops record heartbeats and parts record
-faults in `health` (publisher/observe/health.py), which the probes read without
-touching the journal.
+Each part takes its neighbours by keyword at construction, as the Protocols
+its module declares, and nothing is patched in afterwards. Every thread runs
+under a supervisor that logs a crash, marks the thread down (/readyz says so)
+and starts it again after a short delay; past its restart budget liveness
+fails too. Loops record heartbeats and parts record faults in `health`
+(publisher/observe/health.py), which the probes read without touching the journal.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import sqlite3
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from cni_plugin.wire.event import Event
 
@@ -36,21 +38,22 @@ from publisher.observe.health import Health
 from publisher.intake.spool import Intake
 from publisher.live.watcher import LiveSettings, LiveWatch
 from publisher.nsopen.access import NetnsAccess
-from publisher.journal.store import Journal, Pending, shard_key
+from publisher.journal.store import Journal
 from publisher.kube.calls import Kube, TransientError
 from publisher.reconcile.writer import backoff_delay
 from publisher.observe.metrics import Metrics
 from publisher.observe.nodelease import KeeperWatch, LeaseSettings, NodeLease, Sources
 from publisher.reconcile.podcache import PodCache
 from publisher.reconcile.reconciler import Reconciler
-from publisher.observe.report import Reporter, event_fields
+from publisher.observe.report import Reporter
 from publisher.reconcile.resolver import Resolver
 from publisher.reconcile.slices import DEFAULT_DEVICE_ID_ATTRIBUTES, SliceFacts
 from publisher.repair.rebuild import Rebuilt, rebuild
-from publisher.repair.resync import Housekeeping
+from publisher.repair.resync import DeletedPods, Housekeeping, RetrySettings
 from publisher.repair.safetynet import SafetyNet
 from publisher.reconcile.rules import RuleSettings, Rules, result_hash  # noqa: F401  (result_hash: used by tools/tests)
 from publisher.repair.unchained import UnchainedPods
+from publisher.reconcile.workers import ShardWake, Workers
 from publisher.reconcile.writer import Writer
 
 
@@ -83,64 +86,122 @@ class Settings:
     node_lease: LeaseSettings | None = None
 
 
+class SocketFactory(Protocol):
+    """Builds the plugin's socket server (publisher/intake/server.py SocketServer) around the service's
+    intake, so its accept loop is one of the service's liveness checks from the start."""
+
+    def __call__(self, *, submit: Callable[[Event], tuple[bool, str]], status: Callable[..., dict[str, Any]],
+                 resync: Callable[[], None]) -> Served: ...
+
+
+class Served(Protocol):
+    """The socket server as the service and `netclaim-publisher run` use it."""
+
+    def serving(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class NoSocket:
+    """The server of a service built without a socket (tests, tools): serves nothing, never fails."""
+
+    def serving(self) -> str:
+        return ""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 class Service:
-    def __init__(self, settings: Settings, kube: Kube, metrics: Metrics) -> None:
+    """The publisher's parts, wired once at construction (nothing is patched in afterwards), and their threads.
+
+    `socket`, when given, builds the plugin's socket server (`server`, started by its caller): its
+    accept loop is one of the liveness checks. The backlog gauges (spool depth, oldest pending age) are wired here too.
+    """
+
+    def __init__(self, settings: Settings, kube: Kube, metrics: Metrics, *,
+                 socket: SocketFactory | None = None) -> None:
         self.settings = settings
         self.kube = kube
         self.metrics = metrics
         self.log = logs.get()
         self.stopping = threading.Event()
-        self.health = Health()
-        self.journal = Journal(settings.state_dir, on_fault=lambda why: self.health.fault("journal", why),
-                               on_recover=lambda: self.health.clear("journal"),
+        self.down: dict[str, str] = {}  # thread name -> why it is being restarted
+        self.server: Served = (socket(submit=self.submit, status=self.status, resync=self.request_resync)
+                               if socket else NoSocket())
+        self.health = Health(checks=(self._journal_wedged, self.server.serving))
+        self.journal = Journal(settings.state_dir, on_fault=self._journal_fault, on_recover=self._journal_recovered,
                                durable_commits=settings.durable_commits)
         metrics.boot_retired.inc(self.journal.retired_attachments)
-        self.health.checks.append(self.journal.wedged)
         self.events = EventRecorder(kube, settings.node_name, lambda result: metrics.k8s_events.labels(result).inc(),
                                     enabled=settings.emit_events)
         self.report = Reporter(metrics, self.events)
-        self.pods = PodCache(kube, settings.node_name, self.stopping)
-        self.unchained = UnchainedPods(kube, settings.driver_names, self.events.warn, self._attached_pods,
-                                       self.journal.oldest_received, metrics, settings.unchained_grace,
-                                       settings.drivers_file)
-        self.pods.observers.append(self.unchained.observe)
-        self.writer = Writer(kube, settings.node_name, self.stopping, metrics.apply_skips.inc,
-                             settings.retry_base, settings.retry_cap,
-                             applied=self.journal.applied_hashes(), remember=self.journal.set_applied)
+        self.shards = ShardWake(settings.workers)
+        housekeeping_wake = threading.Event()
+        self.unchained = UnchainedPods(kube=kube, drivers=settings.driver_names, events=self.events,
+                                       journal=self.journal, metrics=metrics, grace=settings.unchained_grace,
+                                       drivers_file=settings.drivers_file)
+        deleted = DeletedPods(wake=housekeeping_wake)
+        self.pods = PodCache(kube=kube, node_name=settings.node_name, stopping=self.stopping,
+                             observers=(self.unchained.observe, deleted))
+        self.writer = Writer(kube=kube, node_name=settings.node_name, stopping=self.stopping,
+                             on_skip=metrics.apply_skips.inc, backoff_base=settings.retry_base,
+                             backoff_cap=settings.retry_cap, applied=self.journal.applied_hashes(),
+                             remember=self.journal.set_applied)
         self.safety = SafetyNet(settings.verify_after, settings.verify_spread)
-        self.windows = ClaimWindows(kube, self.writer.field_manager, self._drifted, self.stopping,
-                                    settings.claim_window, settings.max_claim_windows,
-                                    on_gauge=metrics.claim_windows.set)
+        self.windows = ClaimWindows(kube=kube, field_manager=self.writer.field_manager, on_drift=self._drifted,
+                                    stopping=self.stopping, window=settings.claim_window,
+                                    max_open=settings.max_claim_windows, on_gauge=metrics.claim_windows.set)
         slices = SliceFacts(kube, settings.node_name, settings.device_id_attributes)
         self.resolver = Resolver(kube, settings.node_name, self.pods, self.windows, slices)
-        self.reconciler = Reconciler(kube, self.journal, self.writer, self.pods, settings.node_name, self.report,
-                                     windows=self.windows, verified=self.safety.verified, slices=slices)
-        self.reconciler.covered = self.unchained.covered
-        self._wake = [threading.Event() for _ in range(settings.workers)]
-        self.intake = Intake(self.journal, settings.spool_dir, settings.node_name, self.report, self._notify,
-                             self.health)
+        self.reconciler = Reconciler(kube=kube, journal=self.journal, writer=self.writer, pods=self.pods,
+                                     node=settings.node_name, reporter=self.report, windows=self.windows,
+                                     verified=self.safety.verified, slices=slices, covered=self.unchained.covered)
+        self.intake = Intake(journal=self.journal, spool_dir=settings.spool_dir, node=settings.node_name,
+                             reporter=self.report, workers=self.shards, health=self.health)
         self.housekeeping = Housekeeping(
-            self.journal, self.reconciler, self.writer, self.intake.ingest_spool, self.report.forget_claims,
-            metrics, self.stopping, self.safety, settings.spool_interval, settings.retry_base,
-            settings.retry_cap, lambda: self.intake.last_ingest, self.health, self.windows)
-        self.pods.observers.append(self.housekeeping.pod_seen)
-        self.live_watch = LiveWatch(self.journal, metrics, self.housekeeping.wake.set, self.stopping,
-                              LiveSettings(enabled=settings.live_watch,
-                                           report_added=frozenset(settings.live_added_addresses), netns=settings.netns))
-        self.rules = Rules(self.journal, self.resolver, self.reconciler, self.report,
-                           RuleSettings(settings.resolve_timeout, settings.retry_cap, settings.sibling_hold), self.housekeeping.claim_retry,
-                           held=self.housekeeping.held)
+            journal=self.journal, reconciler=self.reconciler, writer=self.writer, spool=self.intake,
+            reports=self.report, metrics=metrics, stopping=self.stopping, safety=self.safety,
+            settings=RetrySettings(settings.spool_interval, settings.retry_base, settings.retry_cap),
+            health=self.health, windows=self.windows, wake=housekeeping_wake, deleted=deleted)
+        self.live_watch = LiveWatch(journal=self.journal, metrics=metrics, changed=housekeeping_wake,
+                                    stopping=self.stopping,
+                                    settings=LiveSettings(enabled=settings.live_watch,
+                                                          report_added=frozenset(settings.live_added_addresses),
+                                                          netns=settings.netns))
+        self.rules = Rules(journal=self.journal, resolver=self.resolver, reconciler=self.reconciler,
+                           reporter=self.report,
+                           settings=RuleSettings(settings.resolve_timeout, settings.retry_cap, settings.sibling_hold),
+                           retries=self.housekeeping)
+        self.workers = Workers(journal=self.journal, rules=self.rules, health=self.health, report=self.report,
+                               unchained=self.unchained, live=self.live_watch, pods=self.pods, metrics=metrics,
+                               wake=self.shards, stopping=self.stopping, down=self.down)
         self.node_lease = self._node_lease(settings.node_lease)
         # A newer journal set aside at open: workers and housekeeping wait for the rebuild.
         self.rebuilt: Rebuilt | None = None
         self.rebuild_error = ""
         self.rebuilding = bool(self.journal.opening.set_aside)
         self._threads: list[threading.Thread] = []
-        self.down: dict[str, str] = {}  # thread name -> why it is being restarted
         self.started = False
         metrics.ready.set_function(lambda: 1.0 if self.ready()[0] else 0.0)
         metrics.credential_reloads.read_from(lambda: float(self.kube.health().reloads))
         metrics.unauthorized.set_function(lambda: float(self.kube.health().unauthorized))
+        metrics.watch_backlog(settings.spool_dir, self.oldest_pending_age, self.intake.spooled_times)
+
+    def _journal_wedged(self) -> str:
+        """A liveness check: the journal's writes stuck or failing too long (publisher/journal/store.py)."""
+        return self.journal.wedged()
+
+    def _journal_fault(self, why: str) -> None:
+        self.health.fault("journal", why)
+
+    def _journal_recovered(self) -> None:
+        self.health.clear("journal")
 
     def _drifted(self, ns: str, name: str, why: str) -> None:
         self.housekeeping.drifted(ns, name, why)
@@ -152,13 +213,6 @@ class Service:
 
     def ingest_spool(self) -> int:
         return self.intake.ingest_spool()
-
-    def _notify(self, event: Event | None) -> None:
-        if event is None:
-            for w in self._wake:
-                w.set()
-        else:
-            self._wake[shard_key(event.container_id) % len(self._wake)].set()
 
     @property
     def last_error(self) -> dict[str, Any] | None:
@@ -186,8 +240,8 @@ class Service:
         self.started = True
 
     def _start_work(self) -> None:
-        for shard in range(self.settings.workers):
-            self._spawn(f"worker-{shard}", lambda s=shard: self._worker(s))
+        for shard in range(self.workers.shards):
+            self._spawn(Workers.name(shard), functools.partial(self.workers.run, shard))
         self._spawn("housekeeping", self.housekeeping.run)
 
     def _rebuild(self) -> None:
@@ -281,124 +335,13 @@ class Service:
         self.stopping.set()
         self.windows.close_all()
         self.housekeeping.wake.set()
-        for w in self._wake:
-            w.set()
+        self.shards.wake_all()
         for t in self._threads:
             t.join(timeout)
         self.events.stop()
         self.journal.close()
 
-    # ------------------------------------------------------------ workers
-
-    def _worker(self, shard: int) -> None:
-        n = self.settings.workers
-        name = f"worker-{shard}"
-        # A replay right after start would otherwise GET every pod the watch is
-        # about to deliver anyway; wait a little for the first listing.
-        self.pods.synced.wait(5.0)
-        read_failed = False
-        while not self.stopping.is_set():
-            self.health.beat(name)
-            self._wake[shard].clear()
-            try:
-                batch = self.journal.ready(shard, n, node_seconds())
-                due = None if batch else self.journal.next_due(shard, n)
-            except Exception as exc:  # noqa: BLE001 - the journal may come back: keep the worker
-                read_failed = True
-                if self.health.fault("journal", f"not readable: {exc}"):
-                    self.log.error("journal read failed", extra={"component": name, "error": str(exc)})
-                self.stopping.wait(1.0)
-                continue
-            if read_failed and not self.journal.writes.failing_since:
-                read_failed = False
-                self.health.clear("journal")  # reading works again (a write failure clears on its own)
-            self.down.pop(name, None)
-            self._end_holds(shard, name)
-            if not batch:
-                ends = [t for t in (due, self.rules.next_hold_end(shard, n)) if t is not None]
-                wait = 5.0 if not ends else max(0.0, min(5.0, min(ends) - node_seconds()))
-                self._wake[shard].wait(wait)
-                continue
-            for pending in batch:
-                if self.stopping.is_set():
-                    return
-                self._handle(pending)
-                self.health.beat(name)
-            self._gauges()
-
-    def _end_holds(self, shard: int, name: str) -> None:
-        """Apply the claims whose sibling hold ended without the sandbox's last ADD, here on the
-        sandbox's own worker, beside the others, not one after another on housekeeping's thread.
-        A failure leaves the claim's mark to housekeeping, once the hold's lease is over."""
-        for claim, hold in self.rules.ended_holds(shard, self.settings.workers):
-            try:
-                self.rules.apply_held(claim, hold)
-            except Exception:  # the mark stays: housekeeping retries the claim
-                self.log.exception("held claim not applied", extra={"component": name, "claim": claim})
-            self.health.beat(name)
-
-    def _attached_pods(self) -> set[str]:
-        """Pod UIDs with an attachment in the journal (publisher/repair/unchained.py asks only for suspects)."""
-        return {a.pod_uid for a in self.journal.all_attachments()}
-
-    def _handle(self, pending: Pending) -> None:
-        """One event; a failure is reported and the event kept or dropped, never the worker."""
-        event = pending.event
-        if event.op in ("ADD", "CHECK") and event.pod is not None:
-            self.unchained.saw_add(event.pod.uid, event.pod.namespace, event.pod.name)
-        try:
-            self.rules.process(pending)
-            self.health.clear("journal")  # the event's outcome was committed: the journal works
-            self.live_watch.attachments_changed()
-        except TransientError:
-            self._reschedule(pending, 1.0, "API unavailable")
-        except (sqlite3.Error, OSError) as exc:  # the journal failing: the event must not be lost
-            self.log.exception("event handling failed", extra=event_fields(pending.event))
-            if self._reschedule(pending, 5.0, f"journal error: {exc}"):
-                self.report.error(f"journal error: {exc}", pending.event)
-        except Exception as exc:  # noqa: BLE001 - a bug or an input no rule can take
-            self._internal_error(pending, exc)
-
-    def _internal_error(self, pending: Pending, exc: Exception) -> None:
-        """An error that is not the journal's: retried a few times, then failed for good.
-
-        Such an error comes from the event itself (an input the rules cannot take)
-        or from a bug; either way it repeats, and a retry loop every few seconds
-        would hold the attachment's later CHECK and DEL behind it forever.
-        """
-        self.log.exception("event handling failed", extra=event_fields(pending.event))
-        error = f"internal error: {type(exc).__name__}: {exc}"[:500]
-        permanent = isinstance(exc, (RecursionError, MemoryError))
-        if permanent or pending.attempts + 1 >= limits.INTERNAL_ERROR_RETRIES:
-            try:
-                self.journal.finish(pending.seq, "failed", error)
-            except Exception as jexc:  # noqa: BLE001
-                self.health.fault("journal", f"not writable: {jexc}")
-                return
-            self.metrics.events_failed.labels("internal_error").inc()
-            self.report.error(error, pending.event)
-            return
-        if self._reschedule(pending, 5.0, error):
-            self.report.error(error, pending.event)
-
-    def _reschedule(self, pending: Pending, delay: float, error: str) -> bool:
-        """Retry the event after `delay`; a journal that cannot even record that is a journal fault."""
-        try:
-            self.journal.reschedule(pending.seq, node_seconds() + delay, error)
-            return True
-        except Exception as exc:  # noqa: BLE001
-            if self.health.fault("journal", f"not writable: {exc}"):
-                self.log.error("journal write failed", extra={"error": str(exc)})
-            self.stopping.wait(1.0)
-            return False
-
-    def _gauges(self) -> None:
-        """Cached in the gauges: a scrape never reads the journal for these."""
-        try:
-            self.metrics.journal_depth.set(self.journal.depth())
-            self.metrics.attachments.set(self.journal.attachment_count())
-        except Exception:  # noqa: BLE001 - a gauge is not worth a failure; the next batch sets it
-            pass
+    # ------------------------------------------------------------ commands
 
     def request_resync(self) -> None:
         """Resync as soon as the housekeeping thread wakes (`netclaim-publisher resync`)."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Protocol
 
 from cni_plugin.wire.event import Event, NewerVersion, on_unknown_fields, WireError
 from cni_plugin.wire.spool import list_spool, read_spool, take_overflow
@@ -77,15 +77,29 @@ class UnknownFields:
                     "field": name, "hint": "sent by a newer plugin; this publisher does not read it"})
 
 
+class Notifier(Protocol):
+    """Told of each committed event (None: several, after a spool ingestion) so its worker wakes
+    (publisher/reconcile/workers.py ShardWake)."""
+
+    def notify(self, event: Event | None) -> None: ...
+
+
+class _Asleep:
+    """A notifier for an intake without workers (a tool reading the spool): nobody to wake."""
+
+    def notify(self, event: Event | None) -> None:
+        pass
+
+
 class Intake:
-    def __init__(self, journal: Journal, spool_dir: str, node: str, reporter: Reporter,
-                 notify: Callable[[Event | None], None], health: Health | None = None) -> None:
+    def __init__(self, *, journal: Journal, spool_dir: str, node: str, reporter: Reporter,
+                 workers: Notifier | None = None, health: Health | None = None) -> None:
         self.journal = journal
         self.spool_dir = spool_dir
         self.node = node
         self.report = reporter
         self.metrics = reporter.metrics
-        self.notify = notify
+        self.notify = (workers or _Asleep()).notify
         self.log = logs.get()
         self.health = health or Health()
         self.last_ingest = 0.0  # node time the spool was last read to the end (order horizon)

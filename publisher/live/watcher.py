@@ -51,7 +51,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from cni_plugin.lean.netns import CLONE_NEWNET, setns
 
@@ -128,12 +128,19 @@ def can_enter_namespaces() -> str:
     return ""
 
 
+class Wake(Protocol):
+    """What is told once a live change is journaled, so the claim's reconcile comes soon:
+    housekeeping's wake (publisher/repair/resync.py Housekeeping.wake, a threading.Event)."""
+
+    def set(self) -> None: ...
+
+
 class LiveWatch:
-    def __init__(self, journal: Journal, metrics: Any, on_change: Callable[[], None],
+    def __init__(self, *, journal: Journal, metrics: Any, changed: Wake,
                  stopping: threading.Event, settings: LiveSettings | None = None) -> None:
         self.journal = journal
         self.metrics = metrics
-        self.on_change = on_change
+        self.on_change: Callable[[], None] = changed.set
         self.stopping = stopping
         self.settings = settings or LiveSettings()
         self.log = logs.get()

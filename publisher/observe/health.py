@@ -36,8 +36,9 @@ class Health:
     beats: dict[str, float] = field(default_factory=dict)  # loop name -> node time of its last iteration
     faults: dict[str, Fault] = field(default_factory=dict)  # component -> what is wrong
     crashes: dict[str, list[float]] = field(default_factory=dict)  # thread name -> node times of crashes
-    # Extra liveness checks that return a reason ("" when fine); they must not block either.
-    checks: list[Callable[[], str]] = field(default_factory=list)
+    # Extra liveness checks that return a reason ("" when fine); they must not block either. Given at
+    # construction (publisher/service.py: the journal's wedged writes, the socket's accept loop).
+    checks: tuple[Callable[[], str], ...] = ()
 
     def beat(self, loop: str) -> None:
         """A loop completed one iteration (or one unit of work inside a long one)."""

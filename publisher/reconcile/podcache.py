@@ -15,7 +15,7 @@ device"). Pods the watch saw deleted are remembered for a while (bounded,
 limits.MAX_GONE_PODS), so a DEL that arrives after its pod is gone still knows
 what that pod was.
 
-Observers (`observers`, e.g. publisher/repair/unchained.py) are shown every pod the
+Observers (`observers`, given at construction, e.g. publisher/repair/unchained.py) are shown every pod the
 watch delivers, whole, before it is cut down to PodInfo, and None for a pod
 deleted; they run on the watch thread and must be O(1) and never block.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Protocol, Sequence
 
 from publisher import limits
 from publisher import logs
@@ -33,8 +33,16 @@ from publisher.kube.listwatch import events, follow
 from publisher.reconcile.resolver import PodInfo, pod_info
 
 
+class PodObserver(Protocol):
+    """Shown each pod the watch delivers (None: deleted); runs on the watch thread, O(1), never blocks
+    (publisher/repair/unchained.py UnchainedPods.observe, publisher/repair/resync.py DeletedPods)."""
+
+    def __call__(self, pod: dict[str, Any] | None, namespace: str, name: str, uid: str) -> None: ...
+
+
 class PodCache:
-    def __init__(self, kube: Kube, node_name: str, stopping: threading.Event) -> None:
+    def __init__(self, *, kube: Kube, node_name: str, stopping: threading.Event,
+                 observers: Sequence[PodObserver] = ()) -> None:
         self.kube = kube
         self.node_name = node_name
         self.stopping = stopping
@@ -45,7 +53,7 @@ class PodCache:
         self._changed = threading.Condition(self._lock)  # notified on every change: wakes wait_for
         self.synced = threading.Event()
         # Called with (pod or None when deleted, namespace, name, uid): see the module docstring.
-        self.observers: list[Callable[[dict[str, Any] | None, str, str, str], None]] = []
+        self.observers: tuple[PodObserver, ...] = tuple(observers)
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
 
     def start(self) -> None:

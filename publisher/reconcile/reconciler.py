@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from cni_plugin.wire.event import Event, PodRef
 
@@ -222,14 +222,27 @@ class ClaimChanges:
                 del self._last[key]
 
 
+class Covered(Protocol):
+    """Told, after each reconcile, which of the claim's devices its entries show
+    (publisher/repair/unchained.py UnchainedPods.covered): devices of netclaim's drivers left
+    without an entry are the ones a pod started without netclaim in its chain would explain."""
+
+    def __call__(self, claim_key: str, claim: dict[str, Any], shown: set[tuple[str, str, str, str]]) -> None: ...
+
+
+def _not_told(claim_key: str, claim: dict[str, Any], shown: set[tuple[str, str, str, str]]) -> None:
+    """The `covered` of a reconciler nobody asked (no unchained check)."""
+
+
 class Reconciler:
-    def __init__(self, kube: Kube, journal: Journal, writer: Writer, pods: Any, node: str,
+    def __init__(self, *, kube: Kube, journal: Journal, writer: Writer, pods: Any, node: str,
                  reporter: Reporter, order: BootOrder | None = None, windows: Any = None,
-                 verified: Callable[[str], None] = lambda key: None, slices: SliceFacts | None = None) -> None:
+                 verified: Callable[[str], None] = lambda key: None, slices: SliceFacts | None = None,
+                 covered: Covered | None = None) -> None:
         self.kube = kube
         self.slices = slices or SliceFacts(kube, node)
         # Told which of the claim's devices each reconcile shows (publisher/repair/unchained.py).
-        self.covered: Callable[[str, dict[str, Any], set[tuple[str, str, str, str]]], None] = lambda *a: None
+        self.covered: Covered = covered or _not_told
         self.windows = windows  # publisher/repair/claimwatch.py ClaimWindows, told of every settled claim
         self.verified = verified  # told when a claim was compared with the live cluster and settled
         self.journal = journal

@@ -41,7 +41,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from cni_plugin.wire.event import Event
 
@@ -107,12 +107,21 @@ def gc_victims(atts: list[Attachment], ev: Event, order: BootOrder) -> list[Atta
             and a.key not in valid and order.before(a.stamp, ev.order)]
 
 
+class ClaimRetries(Protocol):
+    """Where a claim's later apply is left (publisher/repair/resync.py Housekeeping)."""
+
+    def claim_retry(self, ns: str, name: str, exc: Exception) -> None:
+        """A reconcile failed transiently: retry the claim with backoff."""
+
+    def held(self, ns: str, name: str) -> None:
+        """An ADD holds the claim's apply: the claim's mark is due at the hold's end."""
+
+
 class Rules:
     """Runs one pending event through its verb's rule; never raises for an expected failure."""
 
-    def __init__(self, journal: Journal, resolver: Resolver, reconciler: Reconciler, reporter: Reporter,
-                 settings: RuleSettings, claim_retry: Callable[[str, str, Exception], None],
-                 order: BootOrder | None = None, held: Callable[[str, str], None] = lambda ns, name: None) -> None:
+    def __init__(self, *, journal: Journal, resolver: Resolver, reconciler: Reconciler, reporter: Reporter,
+                 settings: RuleSettings, retries: ClaimRetries, order: BootOrder | None = None) -> None:
         self.journal = journal
         self.order = order or journal.ordering()
         self.resolver = resolver
@@ -120,8 +129,8 @@ class Rules:
         self.report = reporter
         self.metrics = reporter.metrics
         self.settings = settings
-        self.claim_retry = claim_retry
-        self.held = held  # housekeeping: a held claim is due at the hold's end
+        self.claim_retry = retries.claim_retry
+        self.held = retries.held  # housekeeping: a held claim is due at the hold's end
         self.log = logs.get()
         self._holds: OrderedDict[tuple[str, str], _Hold] = OrderedDict()  # (claim, sandbox) -> its hold
         self._holds_lock = threading.Lock()

@@ -40,6 +40,7 @@ class Writer:
 
     def __init__(
         self,
+        *,
         kube: Kube,
         node_name: str,
         stopping: threading.Event,

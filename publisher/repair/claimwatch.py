@@ -71,7 +71,7 @@ class Window:
 
 
 class ClaimWindows:
-    def __init__(self, kube: Kube, field_manager: str, on_drift: Callable[[str, str, str], None],
+    def __init__(self, *, kube: Kube, field_manager: str, on_drift: Callable[[str, str, str], None],
                  stopping: threading.Event, window: float = 90.0, max_open: int = 32,
                  grace: float = 20.0, on_gauge: Callable[[int], None] = lambda n: None) -> None:
         self.kube = kube

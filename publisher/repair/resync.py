@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from publisher import limits
 from publisher import logs
@@ -36,35 +36,110 @@ from publisher.clock import node_seconds, wall
 from publisher.observe.health import Health
 from publisher.journal.store import Journal
 from publisher.kube.calls import TransientError
-from publisher.reconcile.reconciler import Reconciler
 from publisher.repair.safetynet import SafetyNet
-from publisher.reconcile.writer import Writer, backoff_delay
+from publisher.reconcile.writer import backoff_delay
 
 PRUNE_INTERVAL = 60.0  # seconds between prune steps (no API request; bounded SQLite work)
 
 
+class ClaimReconciler(Protocol):
+    """The only writer (publisher/reconcile/reconciler.py Reconciler): reconciles one claim."""
+
+    def reconcile(self, ns: str, name: str, *, purpose: str = ...) -> bool: ...
+
+    def forget_inactive(self, active: set[str]) -> None: ...
+
+
+class AppliedMemory(Protocol):
+    """What the apply path remembers per claim (publisher/reconcile/writer.py Writer)."""
+
+    def forget_inactive(self, active: set[str]) -> object: ...
+
+
+class SpoolIntake(Protocol):
+    """The spool's reader (publisher/intake/spool.py Intake)."""
+
+    @property
+    def last_ingest(self) -> float: ...  # node time the spool was last read to the end
+
+    def ingest_spool(self) -> int: ...
+
+
+class ClaimReports(Protocol):
+    """The claims' states told to people (publisher/observe/report.py Reporter)."""
+
+    def forget_claims(self, active: set[str]) -> None: ...
+
+
+class Windows(Protocol):
+    """The claim windows (publisher/repair/claimwatch.py ClaimWindows), swept here so expired ones close."""
+
+    def next_deadline(self) -> float | None: ...
+
+    def sweep(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """How often housekeeping reads the spool, and the backoff of a claim's retries (seconds)."""
+
+    spool_interval: float = 5.0
+    retry_base: float = 0.2
+    retry_cap: float = 5.0
+
+
+class DeletedPods:
+    """The pods the pod watch saw deleted, not looked up yet: a pod watch observer.
+
+    Its own part, built before the pod watch (publisher/reconcile/podcache.py PodCache)
+    that tells it and before the housekeeping that looks the pods' claims up, so that
+    neither is patched after it is built. Telling it wakes housekeeping.
+    """
+
+    def __init__(self, *, wake: threading.Event) -> None:
+        self.wake = wake
+        self._uids: set[str] = set()
+        self._guard = threading.Lock()
+
+    def __call__(self, pod: Any, namespace: str, name: str, uid: str = "") -> None:
+        """Pod watch observer (O(1), never blocks): a deleted pod's claims are looked up by the loop."""
+        if pod is None and uid:
+            with self._guard:
+                self._uids.add(uid)
+            self.wake.set()
+
+    def take(self) -> set[str]:
+        with self._guard:
+            uids, self._uids = self._uids, set()
+        return uids
+
+    def put_back(self, uids: set[str]) -> None:
+        with self._guard:
+            self._uids |= uids
+
+
 class Housekeeping:
-    def __init__(self, journal: Journal, reconciler: Reconciler, writer: Writer, ingest: Callable[[], int],
-                 forget_claims: Callable[[set[str]], None], metrics: Any, stopping: threading.Event,
-                 safety: SafetyNet, spool_interval: float, retry_base: float, retry_cap: float,
-                 last_ingest: Callable[[], float], health: Health | None = None,
-                 windows: Any = None) -> None:
+    def __init__(self, *, journal: Journal, reconciler: ClaimReconciler, writer: AppliedMemory, spool: SpoolIntake,
+                 reports: ClaimReports, metrics: Any, stopping: threading.Event, safety: SafetyNet,
+                 settings: RetrySettings = RetrySettings(), health: Health | None = None,
+                 windows: Windows | None = None, wake: threading.Event | None = None,
+                 deleted: DeletedPods | None = None) -> None:
         self.journal = journal
         self.reconciler = reconciler
         self.writer = writer
-        self.ingest = ingest
-        self.forget_claims = forget_claims
+        self.spool = spool
+        self.reports = reports
         self.metrics = metrics
         self.stopping = stopping
         self.safety = safety
         self.windows = windows  # publisher/repair/claimwatch.py: swept here, so expired windows close
-        self.spool_interval = spool_interval
-        self.retry_base = retry_base
-        self.retry_cap = retry_cap
-        self.last_ingest = last_ingest  # node time of the last complete spool ingestion
+        self.spool_interval = settings.spool_interval
+        self.retry_base = settings.retry_base
+        self.retry_cap = settings.retry_cap
         self.health = health or Health()
         self.log = logs.get()
-        self.wake = threading.Event()
+        self.wake = wake or threading.Event()
+        self.deleted = deleted or DeletedPods(wake=self.wake)
         self.last_resync = 0.0  # every tracked claim was verified since (wall time, for status)
         self.resync_failures = 0  # consecutive safety-net verifications that failed transiently
         self.next_prune = 0.0  # node time
@@ -74,7 +149,6 @@ class Housekeeping:
         # claim -> why it was marked dirty without a failure (window, pod_deleted): the cause a
         # repair it leads to is counted under (netclaim_drift_repaired_total).
         self._causes: dict[str, str] = {}
-        self._deleted_pods: set[str] = set()  # UIDs the pod watch saw deleted, not looked up yet
         self._guard = threading.Lock()
 
     def claim_retry(self, ns: str, name: str, exc: Exception) -> None:
@@ -109,10 +183,7 @@ class Housekeeping:
 
     def pod_seen(self, pod: Any, namespace: str, name: str, uid: str) -> None:
         """Pod watch observer (O(1), never blocks): a deleted pod's claims are looked up by the loop."""
-        if pod is None and uid:
-            with self._guard:
-                self._deleted_pods.add(uid)
-            self.wake.set()
+        self.deleted(pod, namespace, name, uid)
 
     def run(self) -> None:
         """The loop; only a bug outside the steps escapes to the supervisor (publisher/service.py)."""
@@ -125,7 +196,7 @@ class Housekeeping:
             self.wake.clear()
             if self.stopping.is_set():
                 return
-            self._step("spool", self.ingest)
+            self._step("spool", self.spool.ingest_spool)
             self._step("checkpoint", self.journal.checkpoint)  # bounds the WAL; its fsyncs block no commit
             self._step("pods", self.deleted_pods)
             self._step("retries", self.retry_dirty)
@@ -203,8 +274,7 @@ class Housekeeping:
     def deleted_pods(self) -> None:
         """Claims of attachments whose pod the watch saw deleted: reconcile them (the pod is gone,
         its entries go) instead of waiting for a DEL that may never come."""
-        with self._guard:
-            uids, self._deleted_pods = self._deleted_pods, set()
+        uids = self.deleted.take()
         if not uids:
             return
         try:
@@ -218,8 +288,7 @@ class Housekeeping:
         except BaseException:
             # The journal failed (the step backs off and tries again): dropped, these deletions would
             # leave their pods' entries shown until a DEL or the safety net, a day later.
-            with self._guard:
-                self._deleted_pods |= uids
+            self.deleted.put_back(uids)
             raise
 
     def verify_due(self) -> None:
@@ -260,13 +329,13 @@ class Housekeeping:
         """Old finished events, order marks nothing older can reach, and the bookkeeping of
         claims no longer tracked."""
         self.journal.prune()
-        cutoff = min(node_seconds(), self.last_ingest()) - limits.ORDER_HORIZON
+        cutoff = min(node_seconds(), self.spool.last_ingest) - limits.ORDER_HORIZON
         self.journal.prune_order_marks(cutoff)
         active = {f"{ns}/{name}" for ns, name in self.journal.claims()}
         self._forget_causes()
         self.writer.forget_inactive(active)
         self.reconciler.forget_inactive(active)
-        self.forget_claims(active)
+        self.reports.forget_claims(active)
 
     def _forget_causes(self) -> None:
         """A cause whose claim a worker reconciled first (no mark left) is stale: kept, it would

@@ -50,7 +50,7 @@ import threading
 from collections import OrderedDict
 from datetime import datetime
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from publisher import logs
 from publisher.clock import boot_began_wall, node_seconds
@@ -58,6 +58,10 @@ from publisher.observe.events import claim_ref, pod_ref
 from publisher.repair.drivers import DriverNames
 from publisher.kube.calls import ApiError, Kube, NotFound
 from publisher.reconcile.resolver import device_key, pod_claim_names
+
+if TYPE_CHECKING:
+    from publisher.journal.store import Attachment
+    from publisher.observe.events import ObjectRef
 
 REASON = "NetclaimNotChained"
 DEVICE_REASON = "NetclaimDeviceNotChained"
@@ -132,19 +136,32 @@ def started_before_this_boot(pod: dict[str, Any], boot_wall: float | None = None
     return latest < (boot_began_wall() if boot_wall is None else boot_wall)
 
 
+class Warnings(Protocol):
+    """Where a Warning Event is queued (publisher/observe/events.py EventRecorder)."""
+
+    def warn(self, regarding: ObjectRef, reason: str, note: str, related: ObjectRef | None = None,
+             fields: dict[str, Any] | None = None) -> bool: ...
+
+
+class AttachedView(Protocol):
+    """What the check reads of the journal (publisher/journal/store.py Journal), only for suspects."""
+
+    def all_attachments(self) -> list[Attachment]: ...
+
+    def oldest_received(self) -> float | None: ...
+
+
 class UnchainedPods:
     """Fed by the pod watch (`observe`) and the workers (`saw_add`); `run()` judges the due pods."""
 
-    def __init__(self, kube: Kube, drivers: Iterable[str], warn: Callable[..., bool],
-                 attached_pods: Callable[[], set[str]], pending_since: Callable[[], float | None],
+    def __init__(self, *, kube: Kube, drivers: Iterable[str], events: Warnings, journal: AttachedView,
                  metrics: Any = None, grace: float = DEFAULT_GRACE, drivers_file: str = "") -> None:
         self.kube = kube
         # netclaim's drivers: the given ones and the installer's drivers file (read again when it changes)
         self.names = DriverNames(tuple(drivers), drivers_file)
         self.drivers = self.names.current()
-        self.warn = warn  # EventRecorder.warn
-        self.attached_pods = attached_pods  # pod UIDs with an attachment in the journal
-        self.pending_since = pending_since  # node time the oldest pending journal event was received, or None
+        self.warn = events.warn
+        self.journal = journal
         self.metrics = metrics
         self.grace = grace
         self.started = node_seconds()
@@ -158,6 +175,14 @@ class UnchainedPods:
         # for), as the claim's last reconcile planned it (`covered`); claims with none are not kept.
         self._uncovered: OrderedDict[str, tuple[tuple[str, ...], frozenset[str]]] = OrderedDict()
         self._bucket = _Bucket(EVENTS_PER_MINUTE, float(EVENTS_PER_MINUTE))
+
+    def attached_pods(self) -> set[str]:
+        """Pod UIDs with an attachment in the journal (asked only for suspects)."""
+        return {a.pod_uid for a in self.journal.all_attachments()}
+
+    def pending_since(self) -> float | None:
+        """Node time the oldest pending journal event was received, or None."""
+        return self.journal.oldest_received()
 
     @property
     def enabled(self) -> bool:

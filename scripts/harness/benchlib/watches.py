@@ -194,7 +194,7 @@ class Nodes:
             node = f"node-{i:03d}"
             kube = Kube(ApiClient(Endpoint(server=api.url, ca_pem=ca), pool_size=2),
                         record=lambda verb, code, node=node: self._count(node, code))
-            self.caches.append(PodCache(kube, node, self.stopping))
+            self.caches.append(PodCache(kube=kube, node_name=node, stopping=self.stopping))
 
     def _count(self, node: str, code: str) -> None:
         with self._lock:

@@ -88,9 +88,9 @@ def test_an_ended_hold_keeps_no_claim_copy_when_no_pod_follows(cluster: Cluster,
                        cni_result(ipv4="10.77.0.5/24", ipv6=None))
     service._spawn("housekeeping", service.housekeeping.run)
     service.pods.synced.set()  # the worker's wait for the pod watch's first listing: nothing to wait for here
-    service._spawn("worker-0", lambda: service._worker(0))  # the publisher's only worker
+    service._spawn("worker-0", lambda: service.workers.run(0))  # the publisher's only worker
     assert service.journal.append(event)
-    service._wake[0].set()  # what the socket intake does once an event is committed
+    service.shards.notify(event)  # what the socket intake does once an event is committed
     wait_until("the ADD to be held", lambda: service.metrics.apply_holds._value.get() == 1, timeout=30)
     cluster.wait_devices(claim, lambda d: set(entries(d)) == {"nic0"}, timeout=30)
     wait_until("the ended hold and its claim copy to be dropped", lambda: service.rules.holding() == 0, timeout=30)
