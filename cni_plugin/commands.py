@@ -8,11 +8,11 @@ when needed), hands an event to the publisher and returns the JSON to print
 from __future__ import annotations
 
 from . import handoff
+from .config import LATEST_VERSION, SUPPORTED_VERSIONS, Env, NetConf
+from .lean.errors import CHECK_DRIFT, NOT_AVAILABLE, CNIError, config_error
 from .wire import results
 from .wire.event import Event, PodRef
 from .wire.spool import spool_problem
-from .config import LATEST_VERSION, SUPPORTED_VERSIONS, Env, NetConf
-from .lean.errors import CHECK_DRIFT, NOT_AVAILABLE, CNIError, config_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover

@@ -273,8 +273,8 @@ class NetConf:
     """The `"type": "netclaim"` entry of a conflist, as the runtime passed it."""
 
     __slots__ = ("cni_version", "name", "driver", "request", "device_id", "socket_path", "spool_dir", "state_dir",
-                 "log_file", "failure_policy", "ack_timeout", "handoff_wait", "address_wait", "spool_max_files", "spool_max_bytes", "interface",
-                 "prev_result", "raw")
+                 "log_file", "failure_policy", "ack_timeout", "handoff_wait", "address_wait", "spool_max_files",
+                 "spool_max_bytes", "interface", "prev_result", "raw")
 
     def __init__(self, cni_version: str, name: str, driver: str, request: str = "",
                  socket_path: str = DEFAULT_SOCKET, spool_dir: str = DEFAULT_SPOOL_DIR,
@@ -513,7 +513,8 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
     if prev is not None and not isinstance(prev, dict):
         raise config_error("prevResult", "must be an object")
     if prev is None and command in ("ADD", "CHECK"):
-        raise config_error("prevResult", f"is required for {command}: netclaim must be chained after the plugins that create the interface")
+        raise config_error("prevResult", f"is required for {command}: "
+                           "netclaim must be chained after the plugins that create the interface")
     conf.prev_result = prev
     return conf
 

@@ -29,18 +29,17 @@ netclaim to report, and retrying cannot change that), under Ignore a logged drop
 
 from __future__ import annotations
 
+import _socket
 import sys
 import time
-
-import _socket
 
 from .lean import posixos as os
 from .lean.errors import TRY_AGAIN_LATER, CNIError, config_error
 from .lean.jsonio import JSONError, dumps, loads
+from .lean.safefs import open_dir, open_private_dir, read_at, write_file_at
 from .wire.event import Event, EventTooLarge, WireError, encode_event
 from .wire.frame import event_frame, read_frame
 from .wire.spool import SpoolFull, write_spool
-from .lean.safefs import open_dir, open_private_dir, read_at, write_file_at
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover

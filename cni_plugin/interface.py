@@ -7,8 +7,8 @@ state), so a plain report-only IPv4 ADD never pays for netlink or setns.
 
 from __future__ import annotations
 
-from .lean import posixos as os
 from .config import InterfaceConf, sysctl_path_parts
+from .lean import posixos as os
 from .lean.errors import INTERFACE_NOT_FOUND, INVALID_NETWORK_CONFIG, IO_FAILURE, UNKNOWN_CONTAINER, CNIError
 from .lean.netlink import TENTATIVE, Link, RtNetlink, format_cidr, ipv6_address_events, parse_cidr, unusable
 from .lean.netns import NetNS

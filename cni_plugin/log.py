@@ -161,7 +161,8 @@ class Log:
                 except OSError as exc:
                     self._fd = 2
                     refused = isinstance(exc, RefusedLogFile)
-                    self.unusable = exc.strerror if refused else f"{type(exc).__name__}: {exc}"
+                    said = exc.strerror if refused else None  # a RefusedLogFile always has its reason there
+                    self.unusable = said if said is not None else f"{type(exc).__name__}: {exc}"
                     self._say_refused()
         return self._fd
 
@@ -178,7 +179,7 @@ class Log:
         if level == "info" and (not self.path or self._open() == 2):
             return  # no (usable) logFile: only what the runtime should show (module docstring)
         now = time.time()
-        record = {"ts": _timestamp(now), "level": level, "msg": message, "component": "netclaim-cni"}
+        record: dict[str, object] = {"ts": _timestamp(now), "level": level, "msg": message, "component": "netclaim-cni"}
         record.update(self.fields)
         record.update(fields)
         record["ts"], record["level"], record["msg"] = _timestamp(now), level, message  # never a field's

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 
-from .lean import posixos as os
 from .config import (
     LATEST_VERSION,
     MAX_STDIN_BYTES,
@@ -27,6 +26,7 @@ from .config import (
     tolerant_netconf,
     version_at_least,
 )
+from .lean import posixos as os
 from .lean.errors import INCOMPATIBLE_VERSION, INTERNAL_ERROR, IO_FAILURE, CNIError
 from .lean.jsonio import dumps
 from .log import Log
@@ -105,9 +105,11 @@ def run(environ: Mapping[str, str], stdin: IO[bytes], log: Log, reply: _Reply) -
     raw = decode_stdin(data, env.command)
     reply.version = _reply_version(raw)
     if env.command == "DEL":
-        return _run_del(env, raw, log)
+        _run_del(env, raw, log)
+        return None
     if env.command == "STATUS":
-        return _run_status(env, raw, log)
+        _run_status(env, raw, log)
+        return None
     conf = _netconf(env, raw, log)
     from .commands import COMMANDS
 
@@ -227,7 +229,8 @@ def _manual(argv: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> int:
     from .wire.version import __version__
 
     if argv[:1] == ["--version"]:
-        stdout.write(f"netclaim {__version__}\nCNI protocol versions supported: {', '.join(SUPPORTED_VERSIONS)}\n".encode())
+        versions = ", ".join(SUPPORTED_VERSIONS)
+        stdout.write(f"netclaim {__version__}\nCNI protocol versions supported: {versions}\n".encode())
         stdout.flush()
         return 0
     text = USAGE.format(version=__version__, versions=", ".join(SUPPORTED_VERSIONS)).encode()

@@ -256,7 +256,8 @@ def validate_entry(entry: dict[str, Any]) -> None:
     if errors:
         raise InvalidEntry("; ".join(errors))
 
-# ---- Journal, housekeeping and health bounds (publisher/journal/store.py, repair/resync.py, observe/health.py, observe/metrics.py).
+# ---- Journal, housekeeping and health bounds (publisher/journal/store.py, repair/resync.py, observe/health.py,
+# observe/metrics.py).
 JOURNAL_BUSY_TIMEOUT = 5.0  # seconds SQLite waits for another process's write lock before a statement fails
 JOURNAL_PROBE_WAIT = 1.0  # seconds housekeeping's health probe of the journal waits for that lock
 JOURNAL_LOCK_WAIT = 30.0  # seconds a thread waits for the publisher's own write slot before giving up
@@ -291,7 +292,8 @@ PROBE_QUEUE = 8  # connections waiting for one of them; more are closed at once
 # as it takes; the publisher and the keeper do their work meanwhile (publisher/observe/listeners.py).
 LISTEN_RETRY_FIRST = 0.1
 LISTEN_RETRY_CAP = 5.0
-INTERNAL_ERROR_RETRIES = 3  # an event whose handling raised a non-journal error this often is failed, not retried forever
+# an event whose handling raised a non-journal error this often is failed, not retried forever
+INTERNAL_ERROR_RETRIES = 3
 
 # ---- Chain keeper (publisher/keeper/guard.py): when keeping netclaim chained turns into a fight.
 CHAIN_WRITES_MAX = 5  # keeper writes of one conflist within CHAIN_WRITES_WINDOW; one more = contested
@@ -325,6 +327,7 @@ NODE_LEASE_LOOK = 5.0  # seconds between looks at the node's state (journal coun
 NODE_LEASE_PREFIX = "netclaim-node-"  # the Lease is <prefix><node name> (the chart: <release name>-node-)
 NODE_LEASE_ERROR_CHARS = 256  # an apply error's message is cut to this in the Lease's annotation
 KEEPER_ASK_TIMEOUT = 1.0  # seconds the publisher waits for the chain keeper's /readyz on the node's loopback
-KEEPER_SILENT_GRACE = 60.0  # seconds a configured keeper may not answer before the Lease says `unreachable` (a start, a restart)
+# seconds a configured keeper may not answer before the Lease says `unreachable` (a start, a restart)
+KEEPER_SILENT_GRACE = 60.0
 FLEET_CELL_CHARS = 64  # a cell of `fleet`'s table (a node, a version, a conflist) is cut to this many characters
 FLEET_PROBLEMS_CHARS = 400  # ... and its PROBLEMS cell (every problem and note of the row) to this many

@@ -48,7 +48,7 @@ make_venv() {
     log "creating the virtualenv at .venv"
     python3 -m venv "$ROOT/.venv"
     "$ROOT/.venv/bin/python" -m pip install -q --upgrade pip
-    "$ROOT/.venv/bin/python" -m pip install -q -e "$ROOT[test,bench]"
+    "$ROOT/.venv/bin/python" -m pip install -q -e "$ROOT[test,bench,lint]"
     echo "$want" >"$stamp"
 }
 

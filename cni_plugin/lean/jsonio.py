@@ -18,10 +18,14 @@ error path only, and reports what that says. The hot path stays import-free.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterable
+
 try:
     import _json
 except ImportError:  # pragma: no cover - CPython always ships it
-    _json = None
+    _json = None  # type: ignore[assignment]  # the module or None: every use below tests for None first
 
 _WS = " \t\n\r"
 
@@ -64,7 +68,8 @@ class _ScanContext:
 
 
 if _json is not None:
-    _scan = _json.make_scanner(_ScanContext())
+    # typeshed types the context as a JSONDecoder; the C scanner reads only the attributes _ScanContext has.
+    _scan = _json.make_scanner(_ScanContext())  # type: ignore[arg-type]
     _encode = _json.make_encoder(
         None, _unserializable, _json.encode_basestring_ascii, None, ":", ",", False, False, False
     )
@@ -106,6 +111,7 @@ def too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        children: Iterable[object]
         if isinstance(item, dict):
             children = item.values()
         elif isinstance(item, list):

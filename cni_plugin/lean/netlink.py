@@ -185,7 +185,7 @@ class RtNetlink:
         self.sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags | NLM_F_REQUEST, self.seq, 0) + body)
         return self.seq
 
-    def _replies(self, seq: int, single: bool):
+    def _replies(self, seq: int, single: bool) -> Iterator[tuple[int, bytes]]:
         """Yield (type, body) for our sequence until DONE, the final ack/error,
         or (`single`: a plain GET without ack) the first reply. Raises
         DumpInterrupted at the end of a dump whose parts carried NLM_F_DUMP_INTR."""

@@ -10,21 +10,28 @@ from __future__ import annotations
 
 from . import posixos as os
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
+    Setns = Callable[[int, int], None]
+
 CLONE_NEWNET = 0x40000000
-_setns = None
+_setns: Setns | None = None
 
 
-def _bind_setns():
+def _bind_setns() -> Setns:
     import _ctypes
 
-    class c_int(_ctypes._SimpleCData):
+    class c_int(_ctypes._SimpleCData):  # noqa: N801 - ctypes' own name for the type it stands in for
         _type_ = "i"
 
     class _CFunc(_ctypes.CFuncPtr):
         _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
         _restype_ = c_int
 
-    libc = _ctypes.dlopen(None, getattr(os, "RTLD_NOW", 2))
+    # None: the running process's own symbols, as dlopen(3) takes NULL; typeshed allows only a path.
+    libc = _ctypes.dlopen(None, getattr(os, "RTLD_NOW", 2))  # type: ignore[arg-type]
     func = _CFunc(_ctypes.dlsym(libc, "setns"))
     func.argtypes = (c_int, c_int)
 
@@ -36,7 +43,7 @@ def _bind_setns():
     return setns
 
 
-def _builtin_setns():
+def _builtin_setns() -> Setns | None:
     """The static bundle's builtin (scripts/build/bundle/netclaim_sys.c): it has no _ctypes."""
     try:
         import _netclaim_sys

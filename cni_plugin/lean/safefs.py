@@ -190,7 +190,7 @@ def read_at(dir_fd: int, name: str, limit: int) -> bytes:
         size = os.fstat(fd).st_size
         if size > limit:
             raise OSError(_EINVAL, f"{name} is {size} bytes, over the {limit}-byte limit")
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = os.read(fd, 65536)
             if not chunk:

@@ -23,8 +23,7 @@ import time
 
 from ..lean import posixos as os
 from ..lean.jsonio import MAX_JSON_DEPTH, JSONError, dumps, loads, too_deep
-from ..lean.record import REQUIRED as _REQUIRED
-from ..lean.record import Record as _Record
+from ..lean.record import REQUIRED as _REQUIRED, Record as _Record
 from .deviceid import problem as device_id_problem
 
 TYPE_CHECKING = False
@@ -90,7 +89,7 @@ _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 # in the runtime's environment (every plugin run inherits it) and the publisher's. A container mounts a
 # fresh procfs, so the kernel's file cannot be bind-mounted over for a containerized publisher.
 _BOOT_ID_FILE_ENV = b"NETCLAIM_BOOT_ID_FILE"
-_BOOT_ID = []  # cached per process: [boot id] once read
+_BOOT_ID: list[str] = []  # cached per process: [boot id] once read
 
 
 def _boot_id_path() -> str:

@@ -25,6 +25,15 @@ from __future__ import annotations
 from ..lean.jsonio import dumps
 from .event import MAX_EVENT_BYTES, Event, WireError, decode_body
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Protocol
+
+    class Receiver(Protocol):
+        """What read_frame needs of a socket: its blocking recv (a socket.socket, the plugin's _socket one)."""
+
+        def recv(self, bufsize: int, /) -> bytes: ...
+
 DEFAULT_SOCKET = "/run/netclaim/publisher.sock"
 _ENVELOPE = 64  # {"kind":"event","event":...}
 MAX_FRAME = MAX_EVENT_BYTES + _ENVELOPE  # what the publisher reads from a client: one request
@@ -45,7 +54,7 @@ def encode_frame(message: dict, max_frame: int = MAX_REPLY_FRAME) -> bytes:
     return len(body).to_bytes(_HEADER_SIZE, "big") + body
 
 
-def _recv_exact(sock: object, n: int) -> bytes:
+def _recv_exact(sock: Receiver, n: int) -> bytes:
     chunks = []
     while n:
         chunk = sock.recv(min(n, 65536))
@@ -56,7 +65,7 @@ def _recv_exact(sock: object, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_frame(sock: object, max_frame: int = MAX_REPLY_FRAME) -> dict:
+def read_frame(sock: Receiver, max_frame: int = MAX_REPLY_FRAME) -> dict:
     """Read one frame from a blocking socket.
 
     Raises WireError for an oversized, truncated or non-object frame and

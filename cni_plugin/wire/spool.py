@@ -273,13 +273,20 @@ def _parse_overflow(data: bytes) -> dict | None:
     if not isinstance(marker, dict):
         return None
     dropped = marker.get("dropped")
-    first, last = marker.get("firstDroppedAt"), marker.get("lastDroppedAt")
+    first, last = _seconds(marker.get("firstDroppedAt")), _seconds(marker.get("lastDroppedAt"))
     if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
         return None
-    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (first, last)):
+    if first is None or last is None:
         return None
-    return {"dropped": dropped, "firstDroppedAt": float(first), "lastDroppedAt": float(last),
+    return {"dropped": dropped, "firstDroppedAt": first, "lastDroppedAt": last,
             "lastCommand": str(marker.get("lastCommand", ""))}
+
+
+def _seconds(value: object) -> float | None:
+    """A marker's time as a float, or None when it is not a JSON number (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
 
 
 def read_overflow(spool_dir: str) -> dict | None:

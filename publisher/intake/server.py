@@ -18,8 +18,7 @@ import threading
 from typing import Any, Callable
 
 from cni_plugin.wire.event import Event, NewerVersion, WireError
-from cni_plugin.wire.frame import encode_frame, MAX_FRAME, read_frame
-
+from cni_plugin.wire.frame import MAX_FRAME, encode_frame, read_frame
 from publisher import logs
 from publisher.observe.metrics import Metrics
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 from typing import Callable, Iterable, Protocol, TypeVar
 
 from cni_plugin.wire.event import new_order
-
 from publisher.clock import node_seconds
 
 
 class BootTable(Protocol):
-    """The journal's `boots` table as the order sees it; a protocol so order does not import the journal that uses it."""
+    """The journal's `boots` table as the order sees it; a protocol so order does not import the journal that
+    uses it."""
 
     def boot_seq(self, boot_id: str) -> tuple[int, bool]: ...
 

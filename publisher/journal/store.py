@@ -30,14 +30,21 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from publisher import limits
-from publisher import logs
+from cni_plugin.wire.event import Event, WireError, boot_id, legacy_order
+from publisher import limits, logs
 from publisher.clock import node_seconds, wall
 from publisher.journal import compat
-from publisher.journal.schema import (MIGRATIONS, META_SCHEMA, SCHEMA, SCHEMA_VERSION, _ATT_COLUMNS,
-                                      Attachment, Pending, shard_key)
 from publisher.journal.order import BootOrder
-from cni_plugin.wire.event import boot_id, Event, legacy_order, WireError
+from publisher.journal.schema import (
+    _ATT_COLUMNS,
+    META_SCHEMA,
+    MIGRATIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    Attachment,
+    Pending,
+    shard_key,
+)
 
 
 class JournalBusy(sqlite3.OperationalError):
@@ -338,7 +345,8 @@ class Journal:
             " AND op IN ('ADD','CHECK')", (dele.container_id, dele.ifname)).fetchall()
         for seq, body in rows:
             try:
-                older = order.before(Event.from_dict(json.loads(body)).order, dele.order)
+                stamp = Event.from_dict(json.loads(body)).order  # from_dict always stamps: never None
+                older = stamp is not None and dele.order is not None and order.before(stamp, dele.order)
             except (WireError, ValueError, TypeError, RecursionError):
                 continue  # unreadable: the worker fails it (ready); the DEL's ack must not depend on it
             if older:
@@ -592,9 +600,11 @@ class Journal:
         values[_ATT_COLUMNS.index("entry")] = json.dumps(att.entry, separators=(",", ":"), sort_keys=True)
         values[_ATT_COLUMNS.index("stamp")] = json.dumps(att.stamp or legacy_order(att.event_ts))
         values[_ATT_COLUMNS.index("added")] = json.dumps(att.added or att.stamp or legacy_order(att.event_ts))
-        values[_ATT_COLUMNS.index("live")] = json.dumps(att.live, separators=(",", ":"), sort_keys=True) if att.live else ""
+        live = json.dumps(att.live, separators=(",", ":"), sort_keys=True) if att.live else ""
+        values[_ATT_COLUMNS.index("live")] = live
         db.execute(
-            f"INSERT OR REPLACE INTO attachments({','.join(_ATT_COLUMNS)}) VALUES ({','.join('?' * len(_ATT_COLUMNS))})",
+            f"INSERT OR REPLACE INTO attachments({','.join(_ATT_COLUMNS)}) "
+            f"VALUES ({','.join('?' * len(_ATT_COLUMNS))})",
             values,
         )
 

@@ -199,7 +199,8 @@ def from_kubeconfig(kubeconfig: str, allow_exec: bool = False) -> Endpoint:
                           "set; one of them is a mistake (verify with the CA, or skip verification, not both)")
     ca_pem = _data_or_file(cluster, "certificate-authority", cluster_base)
     user_name = str(context.get("user") or "")
-    cert_pem, key_pem = _data_or_file(user, "client-certificate", user_base), _data_or_file(user, "client-key", user_base)
+    cert_pem = _data_or_file(user, "client-certificate", user_base)
+    key_pem = _data_or_file(user, "client-key", user_base)
     token = _token(user, user_name, user_base)
     if allow_exec and isinstance(user.get("exec"), dict):
         from publisher.kube import execcred
@@ -246,8 +247,9 @@ def credential_files(kubeconfig: str | None, directory: str = IN_CLUSTER_DIR) ->
         except ConfigError:
             continue
         base = os.path.dirname(os.path.abspath(path))
-        sections = [(item.get("cluster"), ("certificate-authority",)) for item in doc.get("clusters") or []
-                    if isinstance(item, dict)]
+        sections: list[tuple[Any, tuple[str, ...]]] = [
+            (item.get("cluster"), ("certificate-authority",)) for item in doc.get("clusters") or []
+            if isinstance(item, dict)]
         sections += [(item.get("user"), ("client-certificate", "client-key", "tokenFile"))
                      for item in doc.get("users") or [] if isinstance(item, dict)]
         for section, keys in sections:

@@ -23,11 +23,10 @@ from typing import Any, Callable, Iterator
 
 import urllib3
 
-from publisher.kube import apiclient
-from publisher import limits
-from publisher import logs
-from publisher.kube.apiclient import ApiClient
+from publisher import limits, logs
 from publisher.clock import node_seconds
+from publisher.kube import apiclient
+from publisher.kube.apiclient import ApiClient
 from publisher.kube.ratelimit import TokenBucket
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -329,7 +328,7 @@ class Kube:
         with self._cred_lock:
             try:
                 fresh = self.credentials.refreshed(force, now)
-            except Exception as exc:  # a half-written kubeconfig: keep the old client, try again later
+            except Exception as exc:  # noqa: BLE001 - a half-written kubeconfig: keep the old client, try again later
                 message = f"credentials reload failed: {exc}"  # ConfigError names files, never a token
                 if message != self._health.last_error:
                     logs.get().warning("credentials on disk unusable, keeping the current ones",
@@ -374,7 +373,7 @@ class Kube:
         sent = time.monotonic()
         try:
             resp = self.api_client.request(method, path, query, headers, body, timeout, stream=stream)
-        except Exception as exc:  # urllib3/ssl/socket errors: no answer from the server
+        except Exception as exc:  # noqa: BLE001 - urllib3/ssl/socket errors: no answer from the server
             self.record(verb, "error")
             self.record_duration(verb, "error", time.monotonic() - sent)
             tls = tls_failure(exc)

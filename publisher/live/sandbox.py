@@ -19,7 +19,6 @@ import errno
 import socket
 
 from cni_plugin.lean.netlink import IFF_UP, RtNetlink, format_cidr, unusable
-
 from publisher import limits
 from publisher.live.status import Observed
 from publisher.nsopen.access import NetnsAccess, path_identity

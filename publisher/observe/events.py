@@ -236,7 +236,7 @@ class EventRecorder:
             series = {"series": {"count": count, "lastObservedTime": micro_time(observed)}}
             try:
                 self.kube.patch_event(namespace, name, series)
-            except Exception as exc:  # best effort, like the Event itself
+            except Exception as exc:  # noqa: BLE001 - best effort, like the Event itself
                 self.count("failed")
                 self.log.warning("kubernetes event series not updated",
                                  extra={"event": f"{namespace}/{name}", "error": str(exc)})
@@ -253,7 +253,7 @@ class EventRecorder:
             self.count("failed")
             self.log.warning("kubernetes event not created", extra={"code": exc.code, "error": exc.message, **extra})
             return False
-        except Exception as exc:  # best effort: a bug here must not kill the thread
+        except Exception as exc:  # noqa: BLE001 - best effort: a bug here must not kill the thread
             self.count("failed")
             self.log.warning("kubernetes event not created", extra={"error": f"{type(exc).__name__}: {exc}", **extra})
             return False

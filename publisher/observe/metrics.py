@@ -42,16 +42,22 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from cni_plugin import __version__
 from cni_plugin.wire.event import PROTOCOL_VERSION
 from cni_plugin.wire.spool import SPOOL_SUFFIX
-
+from cni_plugin.wire.version import __version__
 from publisher import limits
 
 # No `_created` series beside the counters and histograms (module docstring); the keeper's registry too.
@@ -123,8 +129,10 @@ class Metrics:
                                               ["op"], registry=r), *OPS)
         self.events_acked = preset(Counter("netclaim_events_acked_total", "Events committed to the journal and "
                                            "acknowledged", ["op"], registry=r), *OPS)
-        self.events_spooled = Counter("netclaim_events_spooled_total", "Events ingested from the spool directory", registry=r)
-        self.events_duplicate = Counter("netclaim_events_duplicate_total", "Events dropped as already journaled (same event id)", registry=r)
+        self.events_spooled = Counter("netclaim_events_spooled_total", "Events ingested from the spool directory",
+                                      registry=r)
+        self.events_duplicate = Counter("netclaim_events_duplicate_total",
+                                        "Events dropped as already journaled (same event id)", registry=r)
         self.events_rejected = preset(Counter("netclaim_events_rejected_total", "Events or frames refused", ["reason"],
                                               registry=r), *REJECTED_REASONS)
         self.wire_unknown_fields = preset(Counter(
@@ -139,12 +147,14 @@ class Metrics:
         self.publish_latency = Histogram(
             "netclaim_add_to_published_seconds", "From the plugin's ADD to the apply that published it",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
-        self.api_requests = Counter("netclaim_api_requests_total", "Kubernetes API requests", ["verb", "code"], registry=r)
+        self.api_requests = Counter("netclaim_api_requests_total", "Kubernetes API requests", ["verb", "code"],
+                                    registry=r)
         self.api_latency = Histogram(
             "netclaim_api_request_duration_seconds", "Kubernetes API requests: from sending one until its answer "
             "was read (a watch: until its stream opened), by verb and code (error: no answer)", ["verb", "code"],
             buckets=API_LATENCY_BUCKETS, registry=r)
-        self.apply_skips = Counter("netclaim_apply_skips_total", "Applies skipped because the body equals the last applied one", registry=r)
+        self.apply_skips = Counter("netclaim_apply_skips_total",
+                                   "Applies skipped because the body equals the last applied one", registry=r)
         self.apply_holds = Counter("netclaim_apply_holds_total", "ADDs whose claim apply waited for the same "
                                    "sandbox's ADDs of the claim's other devices (one apply for them all)", registry=r)
         self.apply_errors = preset(Counter("netclaim_apply_errors_total", "Permanent apply errors", ["code"],
@@ -466,7 +476,7 @@ def _handler(metrics: Any | None, ready: Callable[[], tuple[bool, str]],
     class Handler(BaseHTTPRequestHandler):
         timeout = limits.HTTP_TIMEOUT  # per read/write on the connection (StreamRequestHandler.setup)
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+        def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics" and metrics is not None:
                 self._send(200, metrics.exposition(), CONTENT_TYPE_LATEST)

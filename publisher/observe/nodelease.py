@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from cni_plugin import __version__
+from cni_plugin.wire.version import __version__
 from publisher import limits, logs
 from publisher.clock import node_seconds, wall
 from publisher.observe import localprobe
@@ -293,7 +293,7 @@ def micro_time(seconds: float) -> str:
 def lease_body(cfg: LeaseSettings, state: NodeState, now: float, acquired: float,
                current: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Lease to write: the last answer (whatever others added stays) with our labels, annotation and spec."""
-    lease = json.loads(json.dumps(current)) if current else {
+    lease: dict[str, Any] = json.loads(json.dumps(current)) if current else {
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": cfg.name, "namespace": cfg.namespace}, "spec": {}}
     meta = lease.setdefault("metadata", {})

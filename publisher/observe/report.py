@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni_plugin.wire.event import Event
-
-from publisher import limits
-from publisher import logs
+from publisher import limits, logs
 from publisher.observe.events import EventRecorder, ObjectRef, claim_ref, pod_ref
 from publisher.observe.metrics import Metrics
 
