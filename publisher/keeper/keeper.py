@@ -58,10 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from publisher import limits
-from publisher import logs
-from publisher.keeper.guard import ChainGuard, KeeperMetrics
-from publisher.keeper.heartbeat import KEEPING, STEPPED_DOWN, STOPPING, Heartbeat, stall_after
+from cni_plugin.config import RETIRED_MARKER  # beside the executable: its DEL and GC do nothing
+from cni_plugin.retire import RETIRED_DIR, cached_attachments, marker_document, still_used
+from publisher import limits, logs
 from publisher.clock import node_seconds
 from publisher.keeper.conflist import (
     BACKUP_SUFFIX,
@@ -78,6 +77,8 @@ from publisher.keeper.conflist import (
     uninstall,
     write_atomic,
 )
+from publisher.keeper.guard import ChainGuard, KeeperMetrics
+from publisher.keeper.heartbeat import KEEPING, STEPPED_DOWN, STOPPING, Heartbeat, stall_after
 from publisher.keeper.nodefiles import (
     Snapshot,
     another_networks_file,
@@ -89,8 +90,6 @@ from publisher.keeper.nodefiles import (
     snapshot,
 )
 from publisher.nodelock import LOCK_NAME, OWNER_NAME
-from cni_plugin.config import RETIRED_MARKER  # beside the executable: its DEL and GC do nothing
-from cni_plugin.retire import RETIRED_DIR, cached_attachments, marker_document, still_used
 
 PLUGIN_NAME = "netclaim"
 LOCK_FILES = frozenset({LOCK_NAME, OWNER_NAME})  # released (and removed) last, by the lock itself

@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from cni_plugin.retire import cached_attachments
 from publisher import logs
 from publisher.keeper.conflist import (
     NETWORK_EXTENSIONS,
@@ -26,7 +27,6 @@ from publisher.keeper.conflist import (
     read_bounded,
     write_atomic,
 )
-from cni_plugin.retire import cached_attachments
 
 Snapshot = tuple[tuple[str, int, int, int, str], ...]
 

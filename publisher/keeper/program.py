@@ -21,7 +21,6 @@ from publisher.keeper.heartbeat import STARTING, WAITING, Heartbeat
 from publisher.keeper.keeper import TEARDOWN_WAIT, ChainKeeper, KeeperConfig
 from publisher.nodelock import LockBusy, NodeLock
 
-
 # ---------------------------------------------------------------- uninstall or upgrade?
 
 
