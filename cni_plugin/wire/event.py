@@ -189,7 +189,7 @@ class Event(_Record):
     netns: str
     network: str
     request: str
-    device_id: str  # normalised (cni_plugin/deviceid.py); "" when the meta plugin gave none
+    device_id: str  # normalised (cni_plugin/wire/deviceid.py); "" when the meta plugin gave none
     pod: PodRef | None
     result: dict | None
     check_error: str
@@ -200,7 +200,7 @@ class Event(_Record):
     version: int  # as sent: 1..WIRE_VERSION_MAX
     order: list | None
     # ADD only: the result's addresses the interface held but could not use when the plugin looked,
-    # {address as the result writes it: "tentative" | "dadfailed" | "deprecated"} (cni_plugin/netlink.py)
+    # {address as the result writes it: "tentative" | "dadfailed" | "deprecated"} (cni_plugin/lean/netlink.py)
     unusable_ips: dict | None
 
     def __init__(self, *args: object, **kwargs: object) -> None:

@@ -9,7 +9,7 @@ itself, not on the marker: the publisher takes it away by rename, so a lock
 on it would guard an inode that the next writer no longer opens, and counts
 would be lost.
 The directory is opened component by component without following links
-(cni_plugin/safefs.py) and chmod-ed through that fd only. Temp files count
+(cni_plugin/lean/safefs.py) and chmod-ed through that fd only. Temp files count
 against the caps while their writer lives; those of dead writers are removed.
 
 An event file is written completely to a temp file and renamed into place, so

@@ -56,7 +56,7 @@ LANE_A = ["tests/model", "tests/soak", "tests/deploy/test_node_life.py"]
 LANE_C = ["tests/publisher/service/test_publisher_steady.py::test_idle_publisher_makes_no_request_per_claim",
           "tests/deploy/test_release.py", "tests/deploy/test_release_registry.py",
           "tests/deploy/test_kubernetes_versions.py", "tests/deploy/test_kubectl_plugin.py",
-          "tests/deploy/test_daemonset_cluster.py",
+          "tests/deploy/test_daemonset_cluster.py", "tests/integration/test_style.py",
           "tests/deploy/test_documented_commands_run.py", "tests/bundle/test_reproducible_builds.py"]
 LANES: dict[str, list[str]] = {"a": LANE_A, "b": ["tests", *(f"--ignore={p}" for p in LANE_A),
                                                   *(f"--deselect={p}" if "::" in p else f"--ignore={p}"
