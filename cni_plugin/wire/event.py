@@ -198,7 +198,7 @@ class Event(_Record):
     timestamp: float
     event_id: str
     version: int  # as sent: 1..WIRE_VERSION_MAX
-    order: list | None
+    order: list  # never None once built: __init__ stamps an event given none (new_order)
     # ADD only: the result's addresses the interface held but could not use when the plugin looked,
     # {address as the result writes it: "tentative" | "dadfailed" | "deprecated"} (cni_plugin/lean/netlink.py)
     unusable_ips: dict | None

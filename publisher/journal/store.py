@@ -345,8 +345,7 @@ class Journal:
             " AND op IN ('ADD','CHECK')", (dele.container_id, dele.ifname)).fetchall()
         for seq, body in rows:
             try:
-                stamp = Event.from_dict(json.loads(body)).order  # from_dict always stamps: never None
-                older = stamp is not None and dele.order is not None and order.before(stamp, dele.order)
+                older = order.before(Event.from_dict(json.loads(body)).order, dele.order)
             except (WireError, ValueError, TypeError, RecursionError):
                 continue  # unreadable: the worker fails it (ready); the DEL's ack must not depend on it
             if older:
