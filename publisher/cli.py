@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import click
 
-from cni_plugin.wire.version import __version__
 from cni_plugin.wire.event import PROTOCOL_VERSION
 from cni_plugin.wire.frame import encode_frame, read_frame
+from cni_plugin.wire.version import __version__
 from publisher.intake import options as intake_options
 from publisher.intake.options import socket_option
 from publisher.journal import options as journal_options
