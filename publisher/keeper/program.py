@@ -64,7 +64,7 @@ def start_health(address: str, keeper: ChainKeeper, probes_only: bool = False) -
     from publisher.observe.metrics import HealthServer
 
     # The status object is replaced on every change: read it at request time.
-    server = HealthServer(address, keeper.metrics, lambda: keeper.status.ready(),  # type: ignore[arg-type]
+    server = HealthServer(address, keeper.metrics, lambda: keeper.status.ready(),
                           live=keeper.heartbeat.live, probes_only=probes_only)
     server.start()
     what = "probe socket" if address.startswith("/") else "probes" if probes_only else "metrics"
