@@ -11,6 +11,7 @@ timestamps in logs, status and Events.
 
 from __future__ import annotations
 
+import random
 import time
 
 
@@ -33,3 +34,9 @@ def boot_began_wall() -> float:
 def now_rfc3339() -> str:
     """The wall clock as the API writes times (a condition's lastTransitionTime): whole seconds, UTC."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """How long to wait before retry `attempt`: capped exponential backoff with jitter (half fixed, half random)."""
+    delay = min(cap, base * (2 ** min(attempt, 20)))
+    return delay / 2 + random.uniform(0, delay / 2)

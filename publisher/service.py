@@ -40,7 +40,7 @@ from publisher.live.watcher import LiveSettings, LiveWatch
 from publisher.nsopen.access import NetnsAccess
 from publisher.journal.store import Journal
 from publisher.kube.calls import Kube, TransientError
-from publisher.reconcile.writer import backoff_delay
+from publisher.clock import backoff_delay
 from publisher.observe.metrics import Metrics
 from publisher.observe.nodelease import KeeperWatch, LeaseSettings, NodeLease, Sources
 from publisher.reconcile.podcache import PodCache

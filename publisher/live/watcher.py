@@ -62,7 +62,7 @@ from publisher.live.sandbox import NotANetns, Sandbox
 from publisher.live.status import OK, next_live
 from publisher.nsopen.access import NetnsAccess
 from publisher.clock import now_rfc3339
-from publisher.reconcile.writer import backoff_delay
+from publisher.clock import backoff_delay
 
 # What a journal step of the watch may raise when the journal cannot serve it (JournalBusy is a
 # sqlite3.OperationalError): caught around that step, never allowed to end the thread.

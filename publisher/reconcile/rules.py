@@ -59,7 +59,7 @@ from publisher.reconcile.mapper import map_event
 from publisher.reconcile.reconciler import Reconciler, claim_facts, newest_sandbox
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.resolver import NotOurs, NotYet, Resolver, Target, Unresolvable, device_key, driver_results
-from publisher.reconcile.writer import backoff_delay
+from publisher.clock import backoff_delay
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -27,12 +26,6 @@ def body_hash(entries: list[dict[str, Any]]) -> str:
 
 def sort_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(entries, key=lambda e: (e["driver"], e["pool"], e["device"], e.get("shareID", "")))
-
-
-def backoff_delay(attempt: int, base: float, cap: float) -> float:
-    """Capped exponential backoff with full jitter (half fixed, half random)."""
-    delay = min(cap, base * (2 ** min(attempt, 20)))
-    return delay / 2 + random.uniform(0, delay / 2)
 
 
 class Writer:

@@ -37,7 +37,7 @@ from publisher.observe.health import Health
 from publisher.journal.store import Journal
 from publisher.kube.calls import TransientError
 from publisher.repair.safetynet import SafetyNet
-from publisher.reconcile.writer import backoff_delay
+from publisher.clock import backoff_delay
 
 PRUNE_INTERVAL = 60.0  # seconds between prune steps (no API request; bounded SQLite work)
 
