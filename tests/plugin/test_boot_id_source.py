@@ -16,7 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 KERNEL = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-STAMP = "from cni_plugin import wire; print(wire.new_order()[0])"
+STAMP = "from cni_plugin.wire import event; print(event.new_order()[0])"
 
 
 def stamped_boot(env_file: str | None) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from cni_plugin.lean import posixos
 
-PACKAGE = Path(posixos.__file__).resolve().parent
+PACKAGE = Path(posixos.__file__).resolve().parents[1]  # cni_plugin/, with its wire/ and lean/
 PATHS = ["", "/", "//", "///", "a", "a/", "a//", "/a", "/a/", "/a/b", "/a/b/", "a/b", "a//b", "//a//b//",
          "/var/lib/netclaim/spool", "/run/netns/x.y", "rel/x:y:eth0.state.json", "/a/./b/../c", "\udcff/x"]
 
@@ -27,12 +27,14 @@ PATHS = ["", "/", "//", "///", "a", "a/", "a//", "/a", "/a/", "/a/b", "/a/b/", "
 def _modules_using_posixos() -> dict[str, set[str]]:
     """Module name -> the attributes it reads from its `os` when that `os` is posixos."""
     found: dict[str, set[str]] = {}
-    for source in sorted(PACKAGE.glob("*.py")):
+    for source in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(source.read_text(), str(source))
+        # `from . import posixos` (in lean/), `from .lean import posixos` or `from ..lean import posixos as os`
         aliases = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                   and node.level == 1 and node.module is None for alias in node.names if alias.name == "posixos"}
+                   and node.level >= 1 and node.module in (None, "lean") for alias in node.names
+                   if alias.name == "posixos"}
         if aliases:
-            found[source.stem] = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            found[source.relative_to(PACKAGE).with_suffix("").as_posix()] = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
                                   and isinstance(node.value, ast.Name) and node.value.id in aliases}
     return found
 
@@ -40,7 +42,8 @@ def _modules_using_posixos() -> dict[str, set[str]]:
 def test_every_os_name_the_plugin_uses_exists_without_os() -> None:
     """The static plugin never loads `os`: each name must be posix's or posixos's own."""
     users = _modules_using_posixos()
-    assert {"main", "log", "state", "netlink", "netns", "interface", "wire", "safefs", "handoff"} <= set(users)
+    assert {"main", "log", "state", "lean/netlink", "lean/netns", "interface", "wire/event", "wire/spool",
+            "lean/safefs", "handoff"} <= set(users)
     missing = {f"{module}: os.{name}" for module, names in users.items() for name in names
                if name not in vars(posixos) and not hasattr(posix, name) and name != "setns"}  # setns: 3.12+, optional
     assert not missing, sorted(missing)
@@ -92,7 +95,7 @@ def test_getenviron_without_os_equals_os_environ() -> None:
     """Undecodable bytes and all: the mapping equals os.environ's, and os is never imported for it."""
     env = {b"CNI_COMMAND": b"ADD", b"CNI_ARGS": b"K8S_POD_NAME=p\xff;IgnoreUnknown=1", b"EMPTY": b"", b"PATH": b"/bin"}
     plugin = _environ_in_a_fresh_interpreter(
-        "import json, sys; sys.path.insert(0, sys.argv[1]); from cni_plugin import posixos\n"
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from cni_plugin.lean import posixos\n"
         "e = dict(posixos.getenviron()); assert 'os' not in sys.modules, 'os imported'\n"
         "print(json.dumps(e, ensure_ascii=True))", env)
     stdlib = _environ_in_a_fresh_interpreter(

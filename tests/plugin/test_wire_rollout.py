@@ -176,14 +176,14 @@ def newer_plugin_exe(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("plugin-newer")
     package = root / "cni_plugin"
     shutil.copytree(REPO / "cni_plugin", package, ignore=shutil.ignore_patterns("__pycache__"))
-    source = (package / "wire_spool.py").read_text()
+    source = (package / "wire" / "event.py").read_text()
     for name in ("WIRE_VERSION", "WIRE_VERSION_MAX"):
         source, count = re.subn(rf"^{name} = \d+$", f"{name} = {wire_event.WIRE_VERSION_MAX + 1}", source,
                                 flags=re.MULTILINE)
-        assert count == 1, f"cni_plugin/wire_spool.py no longer sets {name} on one line of its own"
+        assert count == 1, f"cni_plugin/wire/event.py no longer sets {name} on one line of its own"
     source += (f"\n\n_to_dict = Event.to_dict\n\n\ndef _newer_to_dict(self):\n"
                f"    return {{**_to_dict(self), {NEWER_FIELD!r}: 0}}\n\n\nEvent.to_dict = _newer_to_dict\n")
-    (package / "wire_spool.py").write_text(source)
+    (package / "wire" / "event.py").write_text(source)
     return install(str(root / "netclaim"), python=sys.executable, root=str(root))
 
 
