@@ -28,33 +28,30 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from cni_plugin.wire.event import Event
-
-from publisher import limits
-from publisher import logs
-from publisher.clock import node_seconds
-from publisher.repair.claimwatch import ClaimWindows
-from publisher.observe.events import EventRecorder, node_ref
-from publisher.observe.health import Health
+from publisher import limits, logs
+from publisher.clock import backoff_delay, node_seconds
 from publisher.intake.spool import Intake
-from publisher.live.watcher import LiveSettings, LiveWatch
-from publisher.nsopen.access import NetnsAccess
 from publisher.journal.store import Journal
 from publisher.kube.calls import Kube, TransientError
-from publisher.clock import backoff_delay
+from publisher.live.watcher import LiveSettings, LiveWatch
+from publisher.nsopen.access import NetnsAccess
+from publisher.observe.events import EventRecorder, node_ref
+from publisher.observe.health import Health
 from publisher.observe.metrics import Metrics
 from publisher.observe.nodelease import KeeperWatch, LeaseSettings, NodeLease, Sources
+from publisher.observe.report import Reporter
 from publisher.reconcile.podcache import PodCache
 from publisher.reconcile.reconciler import Reconciler
-from publisher.observe.report import Reporter
 from publisher.reconcile.resolver import Resolver
+from publisher.reconcile.rules import Rules, RuleSettings, result_hash  # noqa: F401  (result_hash: used by tools/tests)
 from publisher.reconcile.slices import DEFAULT_DEVICE_ID_ATTRIBUTES, SliceFacts
+from publisher.reconcile.workers import ShardWake, Workers
+from publisher.reconcile.writer import Writer
+from publisher.repair.claimwatch import ClaimWindows
 from publisher.repair.rebuild import Rebuilt, rebuild
 from publisher.repair.resync import DeletedPods, Housekeeping, RetrySettings
 from publisher.repair.safetynet import SafetyNet
-from publisher.reconcile.rules import RuleSettings, Rules, result_hash  # noqa: F401  (result_hash: used by tools/tests)
 from publisher.repair.unchained import UnchainedPods
-from publisher.reconcile.workers import ShardWake, Workers
-from publisher.reconcile.writer import Writer
 
 
 @dataclass
@@ -223,7 +220,7 @@ class Service:
     def start(self) -> None:
         try:
             self.ingest_spool()
-        except Exception as exc:  # the journal reports itself; housekeeping tries again
+        except Exception as exc:  # noqa: BLE001 - the journal reports itself; housekeeping tries again
             self.log.error("spool ingestion at start failed", extra={"error": str(exc)})
         self.events.start()
         self.pods.start()
@@ -316,7 +313,7 @@ class Service:
             try:
                 body()
                 return
-            except BaseException as exc:  # noqa: BLE001 - a node service must not lose a thread
+            except BaseException as exc:
                 self.down[name] = f"{name} crashed: {type(exc).__name__}: {exc}"
                 # /readyz names the thread and the error's type; its text (maybe an API answer) is logged.
                 self.health.fault(f"thread:{name}", f"{name} crashed: {type(exc).__name__}")

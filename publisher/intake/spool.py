@@ -34,14 +34,12 @@ import threading
 import time
 from typing import Any, Protocol
 
-from cni_plugin.wire.event import Event, NewerVersion, on_unknown_fields, WireError
+from cni_plugin.wire.event import Event, NewerVersion, WireError, on_unknown_fields
 from cni_plugin.wire.spool import list_spool, read_spool, take_overflow
-
-from publisher import limits
-from publisher import logs
+from publisher import limits, logs
 from publisher.clock import boot_began_wall, node_seconds, wall
-from publisher.observe.health import Health
 from publisher.journal.store import Journal
+from publisher.observe.health import Health
 from publisher.observe.report import Reporter
 
 UNREADABLE_RETRY = 5.0  # seconds before a spool file that could not be read is tried again

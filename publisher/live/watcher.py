@@ -54,15 +54,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from cni_plugin.lean.netns import CLONE_NEWNET, setns
-
 from publisher import logs
+from publisher.clock import backoff_delay, now_rfc3339
 from publisher.journal.livestate import Watched, entry_and_live, record_live, retire_vanished, watched_rows
 from publisher.journal.store import Journal
 from publisher.live.sandbox import NotANetns, Sandbox
 from publisher.live.status import OK, next_live
 from publisher.nsopen.access import NetnsAccess
-from publisher.clock import now_rfc3339
-from publisher.clock import backoff_delay
 
 # What a journal step of the watch may raise when the journal cannot serve it (JournalBusy is a
 # sqlite3.OperationalError): caught around that step, never allowed to end the thread.

@@ -18,7 +18,6 @@ from typing import Any
 
 from cni_plugin.wire import results
 from cni_plugin.wire.event import Event
-
 from publisher import limits
 from publisher.clock import now_rfc3339
 

@@ -26,8 +26,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Protocol, Sequence
 
-from publisher import limits
-from publisher import logs
+from publisher import limits, logs
 from publisher.kube.calls import Kube, NotFound
 from publisher.kube.listwatch import events, follow
 from publisher.reconcile.resolver import PodInfo, pod_info

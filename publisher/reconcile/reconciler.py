@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from cni_plugin.wire.event import Event, PodRef
-
 from publisher import logs
+from publisher.journal.order import BootOrder
 from publisher.journal.store import Attachment, DirtyMark, Journal
 from publisher.kube.calls import Kube, NotFound, PermanentError
-from publisher.journal.order import BootOrder
 from publisher.live.status import shown_entry
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.resolver import Unresolvable, allocated_node, choose_device, device_key
@@ -350,8 +349,9 @@ class Reconciler:
             return None
         for driver in drivers:
             rest = [a for a in desired.shown if a.driver != driver]
+            entries = sort_entries([shown_entry(a.entry, a.live) for a in rest])
             try:
-                self.writer.apply(ns, name, sort_entries([shown_entry(a.entry, a.live) for a in rest]), None, record=False)
+                self.writer.apply(ns, name, entries, None, record=False)
             except PermanentError:
                 continue
             self._quarantine[key] = (driver, allocation_fingerprint(claim))
@@ -359,8 +359,8 @@ class Reconciler:
             self._refused(key, refused, exc, trigger, keep_state=True)
             self.log.warning("entries of one driver left out of the claim after a refusal",
                              extra={"driver": driver, "claim": key})
-            return Desired(entries=sort_entries([shown_entry(a.entry, a.live) for a in rest]), shown=rest, hidden=desired.hidden,
-                           dropped=desired.dropped, moved=desired.moved)
+            return Desired(entries=entries, shown=rest, hidden=desired.hidden, dropped=desired.dropped,
+                           moved=desired.moved)
         return None
 
     def _commit(self, ns: str, name: str, desired: Desired, applied: str | None, mark: DirtyMark) -> None:

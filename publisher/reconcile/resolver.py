@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from cni_plugin.wire.event import Event, legacy_order, new_order
-
 from publisher import limits
 from publisher.kube.calls import Kube, NotFound
 from publisher.reconcile.slices import DeviceFacts, SliceFacts, SlicesUnsettled
@@ -292,6 +291,8 @@ class Resolver:
         for a pod that declares no claim: from the watch that costs no request.
         """
         ref = event.pod
+        if ref is None:
+            raise Unresolvable("event has no pod identity (K8S_POD_NAMESPACE/K8S_POD_NAME)")
         namespace, name, uid = ref.namespace, ref.name, ref.uid
         if self.pods is not None:
             gone = self.pods.gone(namespace, name, uid) if uid else None  # that very pod is gone: no wait
@@ -325,18 +326,19 @@ class Resolver:
         """Whether the node's pod watch already knows this pod can never have a claim of ours
         (it declares none, or it is gone and declared none). Costs no request and never waits:
         a DEL asks this to know that no late ADD of the pod could ever publish."""
-        if self.pods is None or not event.has_pod_identity:
+        ref = event.pod
+        if self.pods is None or ref is None or not event.has_pod_identity:
             return False
-        ns, name, uid = event.pod.namespace, event.pod.name, event.pod.uid
+        ns, name, uid = ref.namespace, ref.name, ref.uid
         info = self.pods.wait_for(ns, name, uid, 0) or self.pods.gone(ns, name, uid)
         return info is not None and info.claimless
 
     def resolve(self, event: Event, bound_for_claim: Any, known: dict[str, dict[str, Any]] | None = None) -> Target:
         """`bound_for_claim(claim_key)` gives the device keys other attachments hold; `known` are
         claim copies the caller knows to be current (by "namespace/name"): not read again."""
-        if not event.has_pod_identity:
-            raise Unresolvable("event has no pod identity (K8S_POD_NAMESPACE/K8S_POD_NAME)")
         pod_ref = event.pod
+        if pod_ref is None or not event.has_pod_identity:
+            raise Unresolvable("event has no pod identity (K8S_POD_NAMESPACE/K8S_POD_NAME)")
         uid, names = self._pod(event)
         if pod_ref.uid and uid != pod_ref.uid:
             raise Unresolvable(f"pod {pod_ref.namespace}/{pod_ref.name} has uid {uid}, the event is for {pod_ref.uid}")

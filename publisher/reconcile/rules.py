@@ -5,13 +5,17 @@ Events are ordered by the stamp the plugin put on them where they happened
 give the same answer however late one of them is; stamps of different boots
 are ranked by the boot order (publisher/journal/order.py), never by wall clock:
 
-| event | effect on the attachment (containerID + ifname) |
-|---|---|
-| ADD   | recorded (resolved to claim + device) unless a DEL, a GC fence or a newer event of the attachment is later than it |
-| DEL   | leaves a tombstone; removes the attachment if it is older than the DEL |
-| CHECK | updates the Ready condition (and result) of a known, older attachment; an unknown one with a result is an ADD, unless a DEL removed it |
-| GC    | removes the driver/network's attachments older than the GC that it does not list; leaves a fence so a late ADD older than the GC is ignored |
-| any verb of an earlier boot | nothing: that boot's sandboxes died with it, and the journal retired their attachments at the first start of this boot (Journal._retire_earlier_boots) |
+What each verb does to the attachment (containerID + ifname):
+
+- ADD: recorded (resolved to claim + device) unless a DEL, a GC fence or a newer event of the
+  attachment is later than it.
+- DEL: leaves a tombstone; removes the attachment if it is older than the DEL.
+- CHECK: updates the Ready condition (and result) of a known, older attachment; an unknown one with a
+  result is an ADD, unless a DEL removed it.
+- GC: removes the driver/network's attachments older than the GC that it does not list; leaves a
+  fence so a late ADD older than the GC is ignored.
+- any verb of an earlier boot: nothing. That boot's sandboxes died with it, and the journal retired
+  their attachments at the first start of this boot (Journal._retire_earlier_boots).
 
 Each rule commits its change and marks the claims it touches dirty in one
 journal transaction, then asks the reconciler (publisher/reconcile/reconciler.py, the
@@ -44,22 +48,18 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from cni_plugin.wire.event import Event
-
-from publisher import limits
-from publisher import logs
-from publisher.clock import node_seconds
-from publisher.journal.store import Attachment, Journal, Pending
-from publisher.journal.schema import shard_key
+from publisher import limits, logs
+from publisher.clock import backoff_delay, node_seconds, now_rfc3339
 from publisher.journal.order import BootOrder
+from publisher.journal.schema import shard_key
+from publisher.journal.store import Attachment, Journal, Pending
 from publisher.kube.calls import PermanentError, TransientError
 from publisher.limits import InvalidEntry
 from publisher.live.status import at_add
-from publisher.clock import now_rfc3339
+from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.mapper import map_event
 from publisher.reconcile.reconciler import Reconciler, claim_facts, newest_sandbox
-from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.resolver import NotOurs, NotYet, Resolver, Target, Unresolvable, device_key, driver_results
-from publisher.clock import backoff_delay
 
 
 @dataclass
@@ -173,11 +173,11 @@ class Rules:
                 return
         read_at = self.reconciler.changes.now()  # before the resolver reads the claim
         known = self._held_copies(ev.container_id)
-        target = self._resolve(p, {key: hold.claim for key, hold in known.items()})
+        target = self._resolve(p, {key: copy for key, (copy, _tick) in known.items()})
         if target is None:
             return
-        if target.claim_key in known and target.claim is known[target.claim_key].claim:
-            read_at = known[target.claim_key].tick  # the copy is as current as when the hold took it
+        if target.claim_key in known and target.claim is known[target.claim_key][0]:
+            read_at = known[target.claim_key][1]  # the copy is as current as when the hold took it
         att = self._attachment(p, target, current)
         if att is None:
             return
@@ -285,12 +285,12 @@ class Rules:
             if hold is not None:
                 hold.claim, hold.tick = (target.claim, tick) if tick is not None else (None, None)
 
-    def _held_copies(self, container_id: str) -> dict[str, _Hold]:
+    def _held_copies(self, container_id: str) -> dict[str, tuple[dict[str, Any], int]]:
         """The claims this sandbox's earlier ADDs hold, with a copy still current and the hold not
-        over: its next ADD resolves against that copy instead of reading the claim again."""
+        over, as (copy, tick): its next ADD resolves against that copy instead of reading the claim again."""
         now = node_seconds()
         with self._holds_lock:
-            return {claim: hold for (claim, cid), hold in self._holds.items()
+            return {claim: (hold.claim, hold.tick) for (claim, cid), hold in self._holds.items()
                     if cid == container_id and hold.claim is not None and hold.tick is not None
                     and now < hold.first + self.settings.sibling_hold}
 

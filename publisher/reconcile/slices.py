@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from cni_plugin.wire.deviceid import normalize
-
 from publisher import limits
 from publisher.kube.calls import Forbidden, Kube, PermanentError, TransientError
 
@@ -104,7 +103,8 @@ def read_slices(slices: list[dict[str, Any]], driver: str, id_attributes: tuple[
     return SliceView(out, unsettled, superseded)
 
 
-def device_facts(slices: list[dict[str, Any]], driver: str, id_attributes: tuple[str, ...]) -> dict[DeviceKey, DeviceFacts]:
+def device_facts(slices: list[dict[str, Any]], driver: str,
+                 id_attributes: tuple[str, ...]) -> dict[DeviceKey, DeviceFacts]:
     """(pool, device) -> its facts, from a list of the driver's slices on this node: the pools' newest
     complete generations only (read_slices)."""
     return read_slices(slices, driver, id_attributes).devices

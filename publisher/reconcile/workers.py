@@ -19,9 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cni_plugin.wire.event import Event
-
-from publisher import limits
-from publisher import logs
+from publisher import limits, logs
 from publisher.clock import node_seconds
 from publisher.journal.schema import shard_key
 from publisher.kube.calls import TransientError

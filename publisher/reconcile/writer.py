@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 from publisher.kube.calls import Kube
 
 
-def body_hash(entries: list[dict[str, Any]]) -> str:
+def body_hash(entries: list[Any]) -> str:
+    """A stable digest of JSON-shaped data (an apply body's entries): equal data, equal hash."""
     return hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

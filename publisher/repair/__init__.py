@@ -1,1 +1,2 @@
-"""Background repair that does not ride on an event: start-up resync, the safety net, claim windows and unchained-pod detection."""
+"""Background repair that does not ride on an event: start-up resync, the safety net, claim windows and
+unchained-pod detection."""

@@ -117,9 +117,9 @@ class ClaimWindows:
         yet): close its stream now rather than after the grace, so it holds no slot."""
         with self._lock:
             win = self._open.get(f"{namespace}/{name}")
-            stale = win is not None and win.entries is None and not win.settled_rv
-        if stale:
-            _close(win.resp)
+            stale = win if win is not None and win.entries is None and not win.settled_rv else None
+        if stale is not None:
+            _close(stale.resp)
 
     def _reserve(self, key: str) -> bool:
         if self.window <= 0 or self.refused or self.stopping.is_set() or node_seconds() < self.forbidden_until:

@@ -30,14 +30,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from publisher import limits
-from publisher import logs
-from publisher.clock import node_seconds, wall
-from publisher.observe.health import Health
+from publisher import limits, logs
+from publisher.clock import backoff_delay, node_seconds, wall
 from publisher.journal.store import Journal
 from publisher.kube.calls import TransientError
+from publisher.observe.health import Health
 from publisher.repair.safetynet import SafetyNet
-from publisher.clock import backoff_delay
 
 PRUNE_INTERVAL = 60.0  # seconds between prune steps (no API request; bounded SQLite work)
 

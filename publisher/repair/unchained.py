@@ -48,16 +48,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from datetime import datetime
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from publisher import logs
 from publisher.clock import boot_began_wall, node_seconds
-from publisher.observe.events import claim_ref, pod_ref
-from publisher.repair.drivers import DriverNames
 from publisher.kube.calls import ApiError, Kube, NotFound
+from publisher.observe.events import claim_ref, pod_ref
 from publisher.reconcile.resolver import device_key, pod_claim_names
+from publisher.repair.drivers import DriverNames
 
 if TYPE_CHECKING:
     from publisher.journal.store import Attachment
