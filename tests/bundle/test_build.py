@@ -59,7 +59,7 @@ def test_cached_rebuilt_on_change_and_reproducible(tmp_path: Path, bundle: Path,
 
     assert _build(kit, cache) == first and first.stat().st_mtime_ns == stamp, "unchanged sources rebuilt"
 
-    changed = kit / "cni_plugin" / "errors.py"
+    changed = kit / "cni_plugin" / "lean" / "errors.py"
     changed.write_text(changed.read_text() + "\n_A_CHANGE_TO_THE_SOURCES = 1\n")
     second = _build(kit, cache)
     assert second != first and second.read_bytes() != first.read_bytes()
