@@ -18,7 +18,7 @@
 #
 # The result is cached under ${XDG_CACHE_HOME:-~/.cache}/netclaim/plugin/<key>/netclaim
 # (beside it modules.txt, the frozen modules, and build-info.txt, the static libraries' versions),
-# where <key> hashes cni_plugin/*.py, scripts/build/bundle/*, this script and the
+# where <key> hashes cni_plugin/**/*.py, scripts/build/bundle/*, this script and the
 # libpython version, so changing the plugin's sources rebuilds it.
 # The key says what an entry was built from, not what it holds now: when a build succeeds, the
 # entry's SHA256SUMS records the SHA-256 of netclaim, modules.txt and build-info.txt (before the
