@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -261,6 +261,37 @@ def test_why_names_an_entry_that_is_not_ready_and_what_it_means(plugin_dir: Path
     assert "FIX: the interface is administratively down" in out, out
 
 
+NAD_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "network-attachment-definitions.k8s.cni.cncf.io"},
+    "spec": {"group": "k8s.cni.cncf.io", "scope": "Namespaced",
+             "names": {"plural": "network-attachment-definitions", "singular": "network-attachment-definition",
+                       "kind": "NetworkAttachmentDefinition", "shortNames": ["net-attach-def"]},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object", "properties": {"spec": {"type": "object", "properties": {
+                     "config": {"type": "string"}}}}}}}]},
+}
+
+
+def test_why_names_a_network_attachment_whose_chain_lacks_netclaim(plugin_dir: Path, installed: RealCluster,
+                                                                  ns: str) -> None:
+    # Multus's NetworkAttachmentDefinition CRD as Multus installs it, a NAD whose chain ends without netclaim,
+    # and a claimed pod that asks for that network: the secondary network's entry can never be published.
+    installed.apply(NAD_CRD)
+    config = {"cniVersion": "1.0.0", "name": "storage", "plugins": [
+        {"type": "macvlan", "master": "eth0", "ipam": {"type": "host-local", "subnet": "10.88.0.0/24"}}]}
+    wait_until(lambda: installed.kubectl("apply", "-f", "-", check=False, stdin=json.dumps({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": "storage", "namespace": ns}, "spec": {"config": json.dumps(config)}})).strip(),
+        "the NetworkAttachmentDefinition created (once the CRD is served)", timeout=60)
+    published_pod(installed, ns, "multi")
+    installed.kubectl("annotate", "pod", "multi", "-n", ns, "k8s.v1.cni.cncf.io/networks=storage")
+    code, out = verdict_until(plugin_dir, installed, ns, "multi", "NetworkAttachmentDefinition")
+    assert code == 1, out
+    assert f"CAUSE: NetworkAttachmentDefinition {ns}/storage" in out and "has no netclaim plugin" in out, out
+    assert "macvlan" in out and "FIX: add" in out, out
+
+
 def publisher_pid(cluster: RealCluster) -> int:
     """The host pid of the publisher container's process on the node (crictl, this cluster's runtime)."""
     from runtime.nodechart import daemonset_pods
@@ -298,18 +329,20 @@ def lease(name: str, holder: str, renewed_ago: float, duration: int, state: dict
             "spec": {"holderIdentity": holder, "renewTime": renew, "leaseDurationSeconds": duration}}
 
 
-LEASES = {
-    "fresh and chained": lease("netclaim-node-a", "a", 5, 1800, {"chained": "yes", "keeper": "answered"}),
-    "stale": lease("netclaim-node-b", "b", 1900, 1800, {"chained": "yes", "keeper": "answered"}),
-    "stale by the cap": lease("netclaim-node-c", "c", 11000, 10**8, {"chained": "yes", "keeper": "answered"}),
-    "not chained": lease("netclaim-node-d", "d", 5, 1800, {
+# Each case's Lease, made when the case runs: a renewTime taken at collection would age with the suite.
+LEASES: dict[str, Callable[[], dict[str, Any]]] = {
+    "fresh and chained": lambda: lease("netclaim-node-a", "a", 5, 1800, {"chained": "yes", "keeper": "answered"}),
+    "stale": lambda: lease("netclaim-node-b", "b", 1900, 1800, {"chained": "yes", "keeper": "answered"}),
+    "stale by the cap": lambda: lease("netclaim-node-c", "c", 11000, 10**8, {"chained": "yes", "keeper": "answered"}),
+    "not chained": lambda: lease("netclaim-node-d", "d", 5, 1800, {
         "chained": "no", "conflist": "10-x.conflist", "keeper": "answered",
         "chain": "not chained conflist=10-x.conflist problem=no network config"}),
-    "contested": lease("netclaim-node-e", "e", 5, 1800, {"chained": "yes", "contested": ["10-x.conflist"]}),
-    "keeper unreachable": lease("netclaim-node-f", "f", 5, 1800, {"chained": "unknown", "keeper": "unreachable"}),
-    "in the future": lease("netclaim-node-g", "g", -3600, 1800, {"chained": "yes", "keeper": "answered"}),
-    "foreign": lease("netclaim-node-h", "i", 5, 1800, {"chained": "yes"}),
-    "control characters": lease("netclaim-node-j", "j", 5, 1800, {"chained": "yes", "version": "0.2\x1b[2J"}),
+    "contested": lambda: lease("netclaim-node-e", "e", 5, 1800, {"chained": "yes", "contested": ["10-x.conflist"]}),
+    "keeper unreachable": lambda: lease("netclaim-node-f", "f", 5, 1800,
+                                        {"chained": "unknown", "keeper": "unreachable"}),
+    "in the future": lambda: lease("netclaim-node-g", "g", -3600, 1800, {"chained": "yes", "keeper": "answered"}),
+    "foreign": lambda: lease("netclaim-node-h", "i", 5, 1800, {"chained": "yes"}),
+    "control characters": lambda: lease("netclaim-node-j", "j", 5, 1800, {"chained": "yes", "version": "0.2\x1b[2J"}),
 }
 
 
@@ -318,8 +351,9 @@ def test_the_plugins_fleet_judges_a_lease_as_netclaim_publisher_fleet_does(case:
     """The plugin carries its own copy of the judgement (it imports nothing of netclaim's): the same problems."""
     from publisher.observe.fleet import row_of
 
-    ours = load_plugin().judge_lease(LEASES[case], "netclaim-node-", time.time())
-    theirs = row_of(LEASES[case], time.time(), "netclaim-node-")
+    made = LEASES[case]()
+    ours = load_plugin().judge_lease(made, "netclaim-node-", time.time())
+    theirs = row_of(made, time.time(), "netclaim-node-")
     assert [p.split(":")[0] for p in ours.problems] == [p.split(":")[0] for p in theirs.problems], (ours, theirs)
     assert ours.stale == theirs.stale and ours.node == theirs.node
     assert bool(ours.problems) == (case != "fresh and chained"), ours  # each case but the first is a problem
