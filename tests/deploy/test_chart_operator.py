@@ -100,10 +100,12 @@ def as_template(line: str) -> list[str]:
             words = words[:words.index(stop)]
     assert words[0] == "helm" and words[1] in ("install", "template", "upgrade"), words
     release, chart, rest = words[2], words[3], words[4:]
-    # The chart directory, or a release's package of it (`helm package conf/helm/netclaim`): rendered from the tree.
-    assert chart == "conf/helm/netclaim" or re.fullmatch(r"netclaim-[0-9][-.+0-9A-Za-z]*\.tgz", chart), line
+    # The chart directory, a release's package of it (`helm package conf/helm/netclaim`) or that package pushed to
+    # a registry (`oci://.../charts/netclaim --version V`): rendered from the tree.
+    assert (chart == "conf/helm/netclaim" or re.fullmatch(r"netclaim-[0-9][-.+0-9A-Za-z]*\.tgz", chart)
+            or re.fullmatch(r"oci://[^ ]+/charts/netclaim", chart)), line
     args = ["template", release, str(CHART)]
-    drop_with_value = {"--timeout"}
+    drop_with_value = {"--timeout", "--version"}
     drop = {"--create-namespace", "--wait", "--atomic", "--install"}
     i = 0
     while i < len(rest):
