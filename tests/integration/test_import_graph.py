@@ -150,10 +150,11 @@ ROOMS: list[tuple[str, set[str]]] = [
                                                "publisher.journal", "publisher.intake", "publisher.live",
                                                "publisher.reconcile", "publisher.repair"}),
     ("publisher.keeper", GROUND | CONTRACT | {"cni_plugin", "publisher.kube", "publisher.observe"}),
+    ("publisher.endpoints", GROUND | {"publisher.kube"}),
     ("publisher.cli", GROUND | CONTRACT | {"publisher.kube", "publisher.nsopen", "publisher.observe",
                                            "publisher.journal", "publisher.intake", "publisher.live",
                                            "publisher.reconcile", "publisher.repair", "publisher.service",
-                                           "publisher.keeper"}),
+                                           "publisher.keeper", "publisher.endpoints"}),
 ]
 PLUGIN_MODULES_FOR_KEEPER = {"cni_plugin.config", "cni_plugin.retire"}
 

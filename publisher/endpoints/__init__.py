@@ -1,0 +1,1 @@
+"""The opt-in EndpointSlice controller (`netclaim-publisher endpoints`): Services on secondary networks."""
