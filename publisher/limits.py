@@ -331,3 +331,11 @@ KEEPER_ASK_TIMEOUT = 1.0  # seconds the publisher waits for the chain keeper's /
 KEEPER_SILENT_GRACE = 60.0
 FLEET_CELL_CHARS = 64  # a cell of `fleet`'s table (a node, a version, a conflist) is cut to this many characters
 FLEET_PROBLEMS_CHARS = 400  # ... and its PROBLEMS cell (every problem and note of the row) to this many
+
+# EndpointSlices of the opt-in endpoints controller (publisher/endpoints/): the API server accepts 1,000
+# endpoints per slice and 100 addresses per endpoint (kubernetes pkg/apis/discovery/validation); the
+# controller cuts slices at 100 endpoints, as kube-controller-manager does by default, so one change
+# rewrites a small object and watchers of slices receive small events.
+ENDPOINTS_PER_SLICE = 100
+MAX_ENDPOINT_ADDRESSES = 100
+MAX_SLICE_PORTS = 100
