@@ -7,12 +7,13 @@ module only turns the command line into their settings, so the event path never 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
 
 from cni_plugin.wire.frame import DEFAULT_SOCKET
 from cni_plugin.wire.spool import DEFAULT_SPOOL_DIR
+from publisher.clioptions import stacked
 
 # Also `status` and `resync`: they ask the running publisher over the same socket.
 socket_option = click.option(
@@ -36,11 +37,8 @@ OPTIONS = [
 ]
 
 
-def options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The intake's `run` options, in the order --help shows them."""
-    for opt in reversed(OPTIONS):
-        command = opt(command)
-    return command
+options = stacked(OPTIONS)
+"""The intake's `run` options, in the order --help shows them."""
 
 
 @dataclass(frozen=True)

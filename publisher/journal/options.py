@@ -7,9 +7,11 @@ publisher/journal/store.py keeps the journal and publisher/journal/durability.py
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
+
+from publisher.clioptions import stacked
 
 DEFAULT_STATE_DIR = "/var/lib/netclaim/publisher"
 
@@ -26,11 +28,8 @@ durable_commits_option = click.option(
 OPTIONS = [state_dir_option, durable_commits_option]
 
 
-def options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The journal's `run` options, in the order --help shows them."""
-    for opt in reversed(OPTIONS):
-        command = opt(command)
-    return command
+options = stacked(OPTIONS)
+"""The journal's `run` options, in the order --help shows them."""
 
 
 @dataclass(frozen=True)

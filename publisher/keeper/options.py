@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +24,7 @@ from cni_plugin.config import (
 )
 from cni_plugin.wire.frame import DEFAULT_SOCKET
 from cni_plugin.wire.spool import DEFAULT_SPOOL_DIR
+from publisher.clioptions import stacked
 from publisher.observe.options import address_value
 
 if TYPE_CHECKING:  # imported where they are used: `chain-keeper --help` stays light
@@ -152,11 +153,8 @@ OPTIONS = [
 ]
 
 
-def options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The chain keeper's options, in the order --help shows them."""
-    for opt in reversed(OPTIONS):
-        command = opt(command)
-    return command
+options = stacked(OPTIONS)
+"""The chain keeper's options, in the order --help shows them."""
 
 
 @dataclass(frozen=True)

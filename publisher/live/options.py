@@ -7,9 +7,11 @@ publisher/nsopen/options.py. This module turns the command line into the watch's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
+
+from publisher.clioptions import stacked
 
 OPTIONS = [
     click.option("--live-watch/--no-live-watch", envvar="NETCLAIM_LIVE_WATCH", show_envvar=True, default=True,
@@ -25,11 +27,8 @@ OPTIONS = [
 ]
 
 
-def options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The live watch's `run` options, in the order --help shows them."""
-    for opt in reversed(OPTIONS):
-        command = opt(command)
-    return command
+options = stacked(OPTIONS)
+"""The live watch's `run` options, in the order --help shows them."""
 
 
 @dataclass(frozen=True)

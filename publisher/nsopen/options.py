@@ -6,9 +6,11 @@ publisher/nsopen/access.py opens a pod's netns for the live watch, itself or thr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import click
+
+from publisher.clioptions import stacked
 
 if TYPE_CHECKING:  # imported where it is made: `run --help` stays light
     from publisher.nsopen.access import NetnsAccess
@@ -28,11 +30,8 @@ OPTIONS = [
 ]
 
 
-def options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The netns access `run` options, in the order --help shows them."""
-    for opt in reversed(OPTIONS):
-        command = opt(command)
-    return command
+options = stacked(OPTIONS)
+"""The netns access `run` options, in the order --help shows them."""
 
 
 def settings_from(values: dict[str, Any]) -> NetnsAccess:

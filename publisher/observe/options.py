@@ -8,9 +8,11 @@ settings. The chain keeper's --probe-address is checked by address_value too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
+
+from publisher.clioptions import stacked
 
 DEFAULT_METRICS = "127.0.0.1:9464"
 
@@ -47,11 +49,8 @@ OPTIONS = [
 ]
 
 
-def options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The listeners' and Events' `run` options, in the order --help shows them."""
-    for opt in reversed(OPTIONS):
-        command = opt(command)
-    return command
+options = stacked(OPTIONS)
+"""The listeners' and Events' `run` options, in the order --help shows them."""
 
 
 @dataclass(frozen=True)

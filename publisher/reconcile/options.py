@@ -7,11 +7,12 @@ settings it is given (through publisher/service.py Settings).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
 
 from publisher import limits
+from publisher.clioptions import stacked
 
 OPTIONS = [
     click.option("--workers", envvar="NETCLAIM_WORKERS", show_envvar=True, default=4, show_default=True,
@@ -38,11 +39,8 @@ OPTIONS = [
 ]
 
 
-def options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The reconciler's `run` options, in the order --help shows them."""
-    for opt in reversed(OPTIONS):
-        command = opt(command)
-    return command
+options = stacked(OPTIONS)
+"""The reconciler's `run` options, in the order --help shows them."""
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ module turns the command line into their settings.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
+
+from publisher.clioptions import stacked
 
 OPTIONS = [
     click.option("--verify-after", envvar="NETCLAIM_VERIFY_AFTER", show_envvar=True, default=86400.0,
@@ -49,11 +51,8 @@ OPTIONS = [
 ]
 
 
-def options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The repair side's `run` options, in the order --help shows them."""
-    for opt in reversed(OPTIONS):
-        command = opt(command)
-    return command
+options = stacked(OPTIONS)
+"""The repair side's `run` options, in the order --help shows them."""
 
 
 @dataclass(frozen=True)
