@@ -19,6 +19,9 @@
 #   netclaim-VERSION-linux-arm64         the same for arm64 (--arch arm64)
 #   kubectl-netclaim                     the kubectl plugin (scripts/operator/kubectl-netclaim), one
 #                                        standard-library Python file: `install -m 0755` it onto the PATH
+#   netclaim.dev_v1_CNIResult.schema.json
+#                                        the JSON Schema (draft 2020-12) of the `data` the publisher
+#                                        writes in each entry (conf/schema/; docs/publisher.md)
 #   <each of the four>.spdx.json         an SPDX 2.3 SBOM (scripts/build/sbom.py)
 #   RELEASE-NOTES.md                     the version's section of docs/CHANGELOG.md
 #   SHA256SUMS                           `sha256sum -c SHA256SUMS` checks every file above
@@ -200,6 +203,8 @@ print(f"- `netclaim-{version}.tgz`: the Helm chart, `image.digest` pinned to `{d
 print(f"- `netclaim-{version}-linux-amd64`, `netclaim-{version}-linux-arm64`: the static CNI plugin")
 print("- `kubectl-netclaim`: the kubectl plugin (`status`, `why`, `fleet`, `bundle`), one Python 3.9+ file: "
       "`install -m 0755 kubectl-netclaim /usr/local/bin/`")
+print("- `netclaim.dev_v1_CNIResult.schema.json`: the JSON Schema (draft 2020-12) of each entry's `data` "
+      "(`apiVersion: netclaim.dev/v1`, `kind: CNIResult`)")
 print("- `*.spdx.json`: an SPDX 2.3 SBOM of each; `SHA256SUMS`: `sha256sum -c SHA256SUMS`")
 print("\nInstalling, verifying and pushing a release: docs/install.md, \"Releases\".")
 PYEOF
@@ -251,6 +256,8 @@ main() {
     # The kubectl plugin as it is in the tree (0644 like every file but the static plugins: a download
     # keeps no mode, the install line sets it).
     cp "$ROOT/scripts/operator/kubectl-netclaim" "$stage/kubectl-netclaim"
+    # The schema of the entries' `data`, for consumers that check what they read.
+    cp "$ROOT/conf/schema/netclaim.dev_v1_CNIResult.schema.json" "$stage/netclaim.dev_v1_CNIResult.schema.json"
     log "chart, image.digest $digest"
     package_chart "$digest" "$stage/$name.tgz"
 

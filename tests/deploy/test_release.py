@@ -71,7 +71,8 @@ PREVIOUS = "0.1.0"
 PREVIOUS_COMMIT = "9cdf7f85d28f3af5e9a2499690ae2d730cd5552a"
 NAME = f"netclaim-{VERSION}"
 ARTEFACTS = {f"{NAME}.oci.tar", f"{NAME}.oci.tar.digest", f"{NAME}.tgz", f"{NAME}-linux-amd64",
-             f"{NAME}-linux-arm64", "RELEASE-NOTES.md", "SHA256SUMS", "kubectl-netclaim"}
+             f"{NAME}-linux-arm64", "RELEASE-NOTES.md", "SHA256SUMS", "kubectl-netclaim",
+             "netclaim.dev_v1_CNIResult.schema.json"}
 SBOM_OF = [f"{NAME}.oci.tar", f"{NAME}.tgz", f"{NAME}-linux-amd64", f"{NAME}-linux-arm64"]
 INDEX = "application/vnd.oci.image.index.v1+json"
 # What the publisher's venv holds (setup.cfg's install_requires and netclaim itself), by normalised name.
