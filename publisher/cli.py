@@ -28,6 +28,7 @@ import click
 from cni_plugin.wire.event import PROTOCOL_VERSION
 from cni_plugin.wire.frame import encode_frame, read_frame
 from cni_plugin.wire.version import __version__
+from publisher.endpoints.command import endpoints
 from publisher.intake import options as intake_options
 from publisher.intake.options import socket_option
 from publisher.journal import options as journal_options
@@ -365,6 +366,7 @@ def version() -> None:
 
 cli.add_command(fleet)
 cli.add_command(chain_keeper)
+cli.add_command(endpoints)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,154 @@
+"""Which pods a Service on a secondary network selects, and which of their addresses it serves.
+
+A Service names its network with annotations, because Kubernetes has no field for it (KEP-4817's
+first user story: a Service whose endpoints are the pods' addresses on a secondary network):
+
+- `netclaim.dev/endpoints-selector`: the pods, as an equality label selector (`app=web,tier=db`;
+  `key` alone: the label is set). The Service itself has no `spec.selector`, or
+  kube-controller-manager would make slices of the pods' primary addresses beside ours.
+- `netclaim.dev/endpoints-driver`: the DRA driver whose `status.devices` entries carry the addresses.
+- `netclaim.dev/endpoints-request`: the claim request whose device is the network (a sub-request
+  `req/sub` matches `req` too). Driver and request are the key because both are in the claim's
+  allocation, which the scheduler wrote and no pod can forge; an interface name is the pod's to choose.
+- `netclaim.dev/endpoints-family`: `IPv4`, `IPv6` or `IPv4,IPv6`; without it the Service's own
+  `spec.ipFamilies`.
+
+Only an entry of a claim reserved for the pod counts (its `reservedFor` names the pod's UID): a
+claim of the same name left from a deleted pod never lends its addresses to the new one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "netclaim.dev/endpoints-"
+SELECTOR = PREFIX + "selector"
+DRIVER = PREFIX + "driver"
+REQUEST = PREFIX + "request"
+FAMILY = PREFIX + "family"
+FAMILIES = ("IPv4", "IPv6")
+
+
+class NotSelectable(ValueError):
+    """The Service's annotations cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What one annotated Service asks for."""
+
+    labels: tuple[tuple[str, str | None], ...]  # (key, value); None: the key only has to exist
+    driver: str
+    request: str
+    families: tuple[str, ...]
+
+    def selects(self, pod: dict[str, Any]) -> bool:
+        have = (pod.get("metadata") or {}).get("labels") or {}
+        return all(k in have and (v is None or have[k] == v) for k, v in self.labels)
+
+
+def wants_endpoints(service: dict[str, Any]) -> bool:
+    """Whether the Service asks this controller for endpoints at all (any of its annotations)."""
+    annotations = (service.get("metadata") or {}).get("annotations") or {}
+    return any(k.startswith(PREFIX) for k in annotations)
+
+
+def parse_selector(text: str) -> tuple[tuple[str, str | None], ...]:
+    """`a=b,c==d,e` -> ((a, b), (c, d), (e, None)); an empty selector would select every pod: refused."""
+    terms: list[tuple[str, str | None]] = []
+    for raw in text.split(","):
+        term = raw.strip()
+        if not term:
+            continue
+        if "!=" in term or any(word in term for word in (" in ", " notin ", "(")):
+            raise NotSelectable(f"{SELECTOR}: {term!r}: only key=value and key terms are supported")
+        key, sep, value = term.partition("==") if "==" in term else term.partition("=")
+        key, value = key.strip(), value.strip()
+        if not key:
+            raise NotSelectable(f"{SELECTOR}: {term!r} has no key")
+        terms.append((key, value if sep else None))
+    if not terms:
+        raise NotSelectable(f"{SELECTOR} is empty: it would select every pod of the namespace")
+    return tuple(terms)
+
+
+def selection_of(service: dict[str, Any]) -> Selection:
+    """The Service's Selection, or NotSelectable naming the annotation at fault."""
+    meta = service.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    spec = service.get("spec") or {}
+    if spec.get("selector"):
+        raise NotSelectable("the Service has spec.selector: kube-controller-manager serves it; remove the "
+                            f"selector and use {SELECTOR}")
+    missing = [a for a in (SELECTOR, DRIVER, REQUEST) if not str(annotations.get(a) or "").strip()]
+    if missing:
+        raise NotSelectable(f"missing annotation {', '.join(missing)}")
+    family_text = str(annotations.get(FAMILY) or "").strip()
+    families = [f.strip() for f in family_text.split(",") if f.strip()] if family_text else \
+        list(spec.get("ipFamilies") or ["IPv4"])
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise NotSelectable(f"{FAMILY}: {family_text!r}: IPv4, IPv6 or IPv4,IPv6")
+    return Selection(labels=parse_selector(str(annotations[SELECTOR])), driver=str(annotations[DRIVER]).strip(),
+                     request=str(annotations[REQUEST]).strip(),
+                     families=tuple(f for f in FAMILIES if f in families))
+
+
+def claim_names(pod: dict[str, Any]) -> list[str]:
+    """The pod's claims: named ones from its spec, generated ones from its status (kubernetes #140036)."""
+    generated = {s.get("name"): s.get("resourceClaimName")
+                 for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    names = []
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        name = ref.get("resourceClaimName") or generated.get(ref.get("name"))
+        if name:
+            names.append(name)
+    return names
+
+
+def _request_matches(result_request: str, wanted: str) -> bool:
+    return result_request == wanted or result_request.startswith(wanted + "/")
+
+
+def _reserved_for(claim: dict[str, Any], pod_uid: str) -> bool:
+    return any(r.get("uid") == pod_uid for r in (claim.get("status") or {}).get("reservedFor") or [])
+
+
+@dataclass(frozen=True)
+class Address:
+    """One address the pod serves on the network: its entry's readiness and the IP without its prefix."""
+
+    ip: str
+    family: str
+    ready: bool
+
+
+def addresses(pod: dict[str, Any], claims: dict[str, dict[str, Any]], sel: Selection) -> list[Address]:
+    """The pod's addresses on the Service's network, from the entries of its claims (`claims` by name,
+    the pod's namespace), in the order the entries list them, each IP once."""
+    uid = (pod.get("metadata") or {}).get("uid", "")
+    found: list[Address] = []
+    seen: set[str] = set()
+    for name in claim_names(pod):
+        claim = claims.get(name)
+        if claim is None or not _reserved_for(claim, uid):
+            continue
+        status = claim.get("status") or {}
+        devices = {(r.get("pool"), r.get("device")) for r in
+                   ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+                   if r.get("driver") == sel.driver and _request_matches(str(r.get("request", "")), sel.request)}
+        for entry in status.get("devices") or []:
+            if entry.get("driver") != sel.driver or (entry.get("pool"), entry.get("device")) not in devices:
+                continue
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in entry.get("conditions") or [])
+            for cidr in (entry.get("networkData") or {}).get("ips") or []:
+                try:
+                    ip = ipaddress.ip_interface(cidr).ip
+                except ValueError:
+                    continue
+                if str(ip) not in seen:
+                    seen.add(str(ip))
+                    found.append(Address(str(ip), f"IPv{ip.version}", ready))
+    return found
