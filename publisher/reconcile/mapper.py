@@ -5,6 +5,11 @@ interface named CNI_IFNAME, its canonical IPs, its MAC, the CNI result in
 `data` (trimmed in a fixed order to fit 10 KiB) and a `Ready` condition whose
 lastTransitionTime moves only when its status changes.
 
+`data` names its own form: `apiVersion` and `kind` come first (docs/publisher.md "The
+`data` field", conf/schema/netclaim.dev_v1_CNIResult.schema.json), so a consumer can tell
+netclaim's record from another writer's and from a later version of its own. An entry an older
+release journaled without them gets them wherever an entry is sent (`current_form`).
+
 Every string of the entry is made valid text first (limits.valid_text: a lone
 surrogate from a prevResult becomes U+FFFD), before `data` is measured: the API
 server refuses the whole apply of a claim over one such string, which would
@@ -24,6 +29,13 @@ from publisher.clock import now_rfc3339
 READY = "Ready"
 REASON_CONFIGURED = "NetworkConfigured"
 REASON_DRIFT = "NetworkDrift"
+
+# The form of `data`: which record it is and in which version (docs/publisher.md "The `data`
+# field"). A new optional field stays in v1; anything a v1 reader would misread is a new version.
+DATA_API_VERSION = "netclaim.dev/v1"
+DATA_KIND = "CNIResult"
+# What build_data keeps under the API's 10 KiB: room for the `trimmed` list it adds after trimming.
+TRIM_MARGIN = 64
 
 # The order in which `data` sheds content when it is over the API's limit:
 # least useful to a consumer first; the attachment's own addresses last.
@@ -116,9 +128,14 @@ def _strip_sandbox(interfaces: list[Any]) -> list[Any]:
 
 
 def build_data(event: Event, index: int | None) -> dict[str, Any]:
-    """The CNI result plus network and containerID, trimmed to the API's 10 KiB."""
+    """The CNI result plus network and containerID, trimmed to the API's 10 KiB.
+
+    apiVersion and kind come first and are never trimmed: the 10 KiB are measured with them.
+    """
     result = event.result or {}
     data: dict[str, Any] = limits.valid_text({  # valid_text copies: the event's result stays as received
+        "apiVersion": DATA_API_VERSION,
+        "kind": DATA_KIND,
         "cniVersion": result.get("cniVersion", event.cni_version),
         "network": event.network,
         "containerID": event.container_id,
@@ -129,13 +146,48 @@ def build_data(event: Event, index: int | None) -> dict[str, Any]:
     })
     trimmed: list[str] = []
     for step in TRIM_ORDER:
-        if limits.data_size(data) <= limits.MAX_DATA_BYTES - 64:
+        if limits.data_size(data) <= limits.MAX_DATA_BYTES - TRIM_MARGIN:
             break
         _trim(data, step, index)
         trimmed.append(step)
     if trimmed:
         data["trimmed"] = trimmed
     return data
+
+
+def versioned_data(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` in this release's form: one an older release wrote without `apiVersion` (0.1.0 wrote
+    none) gets apiVersion and kind put first, and keeps the rest.
+
+    The rest is what build_data wrote then: v1's fields without the two. It was measured without
+    them, so one that ends up over the API's limit sheds whole fields in TRIM_ORDER's order and
+    lists them in `trimmed`, as build_data would have. Data that names a version is left as it
+    is, a newer one too (a rollback): only its writer knows that form.
+    """
+    if "apiVersion" in data:
+        return data
+    out = {"apiVersion": DATA_API_VERSION, "kind": DATA_KIND, **data}
+    for step in ("dns", "routes", "ips", "interfaces"):
+        if limits.data_size(out) <= limits.MAX_DATA_BYTES:
+            break
+        if out.pop(step, None) is not None:
+            shed = out.get("trimmed")
+            shed = list(shed) if isinstance(shed, list) else []
+            out["trimmed"] = shed if step in shed else shed + [step]
+    return out
+
+
+def current_form(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry as this release sends it: its `data` versioned (versioned_data).
+
+    Every apply body goes through this (publisher/reconcile/reconciler.py plan), so an entry
+    journaled by an older release, or adopted from the API by a rebuild, is rewritten on the
+    claim's next apply instead of being kept in the old form for as long as it is unchanged.
+    """
+    data = entry.get("data")
+    if not isinstance(data, dict) or "apiVersion" in data:
+        return entry
+    return {**entry, "data": versioned_data(data)}
 
 
 def _trim(data: dict[str, Any], step: str, index: int | None) -> None:
@@ -183,7 +235,7 @@ def map_event(
         net = previous.get("networkData") or {"interfaceName": event.ifname}
         network_data = NetworkData(net.get("interfaceName", event.ifname), list(net.get("ips") or []),
                                    net.get("hardwareAddress", ""))
-        data = previous.get("data") or {}
+        data = versioned_data(previous.get("data") or {})
     else:
         mac = iface.get("mac", "") if isinstance(iface.get("mac", ""), str) else ""
         network_data = NetworkData(event.ifname, attachment_ips(result, index), mac.lower())

@@ -42,6 +42,7 @@ from publisher.journal.store import Attachment, DirtyMark, Journal
 from publisher.kube.calls import Kube, NotFound, PermanentError
 from publisher.live.status import shown_entry
 from publisher.observe.report import Reporter, event_fields
+from publisher.reconcile.mapper import current_form
 from publisher.reconcile.resolver import Unresolvable, allocated_node, choose_device, device_key
 from publisher.reconcile.slices import SliceFacts
 from publisher.reconcile.writer import Writer, body_hash, owned_keys, sort_entries
@@ -165,8 +166,14 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
             continue
         by_device.setdefault(att.device_key, []).append(att)
     out.shown = [newest_sandbox(by_device[k], order) for k in sorted(by_device)]
-    out.entries = sort_entries([shown_entry(a.entry, a.live) for a in out.shown])
+    out.entries = applied_entries(out.shown)
     return out
+
+
+def applied_entries(shown: list[Attachment]) -> list[dict[str, Any]]:
+    """The apply body's entries: each as the live watch shows it, in this release's form
+    (an entry an older release journaled is rewritten, publisher/reconcile/mapper.py current_form)."""
+    return sort_entries([current_form(shown_entry(a.entry, a.live)) for a in shown])
 
 
 def allocation_fingerprint(claim: dict[str, Any]) -> str:
@@ -349,7 +356,7 @@ class Reconciler:
             return None
         for driver in drivers:
             rest = [a for a in desired.shown if a.driver != driver]
-            entries = sort_entries([shown_entry(a.entry, a.live) for a in rest])
+            entries = applied_entries(rest)
             try:
                 self.writer.apply(ns, name, entries, None, record=False)
             except PermanentError:

@@ -27,6 +27,9 @@ from cni_plugin.wire.event import Event, PodRef
 from cni_plugin.wire.frame import encode_frame, event_request, read_frame
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "scripts" / "harness") not in sys.path:  # as tests/conftest.py: appended, never shadowing
+    sys.path.append(str(REPO / "scripts" / "harness"))
+from runtime.dataschema import check_status, planted  # noqa: E402  every status read is held to data's schema
 BIN = Path(sys.executable).parent
 DRIVER = "net.example.com"
 DEVICE_CLASS = "netclaim-publisher-test"
@@ -122,7 +125,7 @@ class Cluster:
 
     def claim_status(self, claim: str) -> dict[str, Any]:
         obj = self.resource.read_namespaced_resource_claim(claim, self.namespace, _preload_content=False)
-        return json.loads(obj.data).get("status") or {}
+        return check_status(json.loads(obj.data).get("status") or {})
 
     def devices(self, claim: str) -> list[dict[str, Any]]:
         return self.claim_status(claim).get("devices") or []
@@ -423,7 +426,11 @@ def resynced(publisher: Publisher, timeout: float = 30.0) -> dict[str, Any]:
 
 
 def apply_as(cluster: Cluster, claim: str, manager: str, devices: list[dict[str, Any]]) -> None:
-    """Server-side apply of status.devices as another field manager (another driver or node)."""
+    """Server-side apply of status.devices as another field manager (another driver or node).
+    What it writes is the test's own, not netclaim's: the schema check of reads leaves it be."""
+    for device in devices:
+        if "data" in device:
+            planted(device["data"])
     cluster.resource.patch_namespaced_resource_claim_status(
         claim, cluster.namespace,
         {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

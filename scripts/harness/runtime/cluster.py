@@ -15,6 +15,8 @@ from typing import Any, Callable
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from .dataschema import check_entries, check_status
+
 REQUEST = "net"
 
 
@@ -102,12 +104,12 @@ class Cluster:
 
     def claim_status(self, claim: str) -> dict[str, Any]:
         obj = self.resource.read_namespaced_resource_claim_status(claim, self.namespace)
-        return self.api.sanitize_for_serialization(obj).get("status") or {}
+        return check_status(self.api.sanitize_for_serialization(obj).get("status") or {})
 
     def device_entries(self, claim: str) -> list[dict[str, Any]]:
         obj = self.resource.read_namespaced_resource_claim_status(claim, self.namespace)
         raw = self.api.sanitize_for_serialization(obj)
-        return (raw.get("status") or {}).get("devices") or []
+        return check_entries((raw.get("status") or {}).get("devices") or [])
 
     def wait_for_entries(
         self, claim: str, ok: Callable[[list[dict[str, Any]]], bool], timeout: float = 60.0

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import yaml
 
 from .clusternode import ClusterNode
+from .dataschema import check_entries
 from .statedir import DEFAULT_CLUSTER_DIR, UnsafeStateDir, secure_state_dir
 
 REPO = Path(__file__).resolve().parents[3]
@@ -309,7 +310,8 @@ def pod_manifest(namespace: str, name: str, *, template: str = "", claim: str = 
 
 
 def entries_of(claim: dict[str, Any], driver: str) -> list[dict[str, Any]]:
-    return [d for d in (claim.get("status") or {}).get("devices") or [] if d.get("driver") == driver]
+    """The claim's entries of `driver`, each netclaim `data` among them held to its schema (dataschema.py)."""
+    return check_entries([d for d in (claim.get("status") or {}).get("devices") or [] if d.get("driver") == driver])
 
 
 def ready_status(entry: dict[str, Any]) -> str:
