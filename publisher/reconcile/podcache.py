@@ -2,10 +2,11 @@
 
 The kubelet learned about the pod from the API before it asked the runtime for
 a sandbox, so by the time an ADD arrives the pod is almost always in this cache
-already. Only the fields resolution needs are kept (UID, claim names), which
-keeps memory flat with many pods. A miss (or a UID that differs) waits a
-moment for the watch (`wait_for`, woken by the watch itself) and then falls
-back to a GET, so the cache can only save requests, never change an answer.
+already. Only the fields resolution needs are kept (UID, claim names, the
+PodGroup a claim may be reserved for), which keeps memory flat with many pods.
+A miss (or a UID that differs) waits a moment for the watch (`wait_for`, woken
+by the watch itself) and then falls back to a GET, so the cache can only save
+requests, never change an answer.
 
 Most pods on a node have no claim at all (netclaim runs for every pod of the
 primary network), so the cache also says whether a pod declares any claim

@@ -15,7 +15,8 @@ start-up all end here, so there is one apply path with one error policy:
 An attachment is shown only while (see docs/design.md "Desired state"):
 the claim has the UID it was resolved against, is allocated to this node,
 still lists the attachment's device in its allocation results, and reserves
-it for the attachment's pod UID; and the pod exists. A pod that is gone or a
+it for the attachment's pod (its UID, or its PodGroup as the pod watch shows it:
+publisher/reconcile/reservation.py); and the pod exists. A pod that is gone or a
 claim that was recreated drops the attachment from the journal for good, shown
 or hidden (a hidden row of a deleted pod would otherwise cost a claim GET per
 safety-net pass forever); the other conditions only hide it (a later
@@ -43,6 +44,7 @@ from publisher.kube.calls import Kube, NotFound, PermanentError
 from publisher.live.status import shown_entry
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.mapper import current_form
+from publisher.reconcile.reservation import Reservations, reservations
 from publisher.reconcile.resolver import Unresolvable, allocated_node, choose_device, device_key
 from publisher.reconcile.slices import SliceFacts
 from publisher.reconcile.writer import Writer, body_hash, owned_keys, sort_entries
@@ -59,26 +61,38 @@ class Desired:
     moved: list[Attachment] = field(default_factory=list)  # re-chosen onto a newly allocated device
 
 
-def claim_facts(claim: dict[str, Any]) -> tuple[str, str | None, set[tuple[str, str, str, str]], set[str]]:
-    """(uid, allocated node, allocated device keys, reserved pod UIDs) of a live claim."""
+ClaimFacts = tuple[str, str | None, set[tuple[str, str, str, str]], Reservations]
+
+
+def claim_facts(claim: dict[str, Any]) -> ClaimFacts:
+    """(uid, allocated node, allocated device keys, reservations) of a live claim."""
     status = claim.get("status") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-    reserved = {r.get("uid", "") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"}
     node = allocated_node(claim) if status.get("allocation") else None
-    return (claim.get("metadata") or {}).get("uid", ""), node, {device_key(r) for r in results}, reserved
+    return (claim.get("metadata") or {}).get("uid", ""), node, {device_key(r) for r in results}, reservations(claim)
 
 
 DEVICE_GONE = "is no longer allocated"
 
 
-def hidden_reason(att: Attachment, node: str, facts: tuple[str, str | None, set, set]) -> str:
-    """Why a journaled attachment is not shown on the live claim ('' when it is)."""
+def _no_group(att: Attachment) -> str:
+    """The pod group of a plan made without a pod watch: none known."""
+    return ""
+
+
+def hidden_reason(att: Attachment, node: str, facts: ClaimFacts,
+                  pod_group: Callable[[Attachment], str] = _no_group) -> str:
+    """Why a journaled attachment is not shown on the live claim ('' when it is).
+
+    `pod_group(att)` is the attachment's pod's PodGroup, asked only when the claim is reserved
+    for a PodGroup and not for the pod's UID.
+    """
     _, alloc_node, devices, reserved = facts
     if alloc_node is None:
         return "claim is not allocated to a single node"
     if alloc_node != node:
         return f"claim is allocated to node {alloc_node!r}"
-    if att.pod_uid not in reserved:
+    if not reserved.admits(att.pod_namespace, att.pod_uid, lambda: pod_group(att)):
         return f"claim is not reserved for pod {att.pod_namespace}/{att.pod_name}"
     if att.device_key not in devices:
         return f"device {att.pool}/{att.device} {DEVICE_GONE}"
@@ -128,8 +142,8 @@ def newest_sandbox(atts: list[Attachment], order: BootOrder) -> Attachment:
 
 def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
          pod_alive: Callable[[Attachment], bool], order: BootOrder,
-         slice_facts: SliceLookup | None = None) -> Desired:
-    """Which attachments the claim's status shows, hides, or forgets (pure but for pod_alive)."""
+         slice_facts: SliceLookup | None = None, pod_group: Callable[[Attachment], str] = _no_group) -> Desired:
+    """Which attachments the claim's status shows, hides, or forgets (pure but for pod_alive and pod_group)."""
     facts = claim_facts(claim)
     out = Desired()
     by_device: dict[tuple[str, str, str, str], list[Attachment]] = {}
@@ -139,7 +153,7 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
         if att.claim_uid and att.claim_uid != facts[0]:
             out.dropped.append((att, "claim was recreated (uid differs)"))
             continue
-        why = hidden_reason(att, node, facts)
+        why = hidden_reason(att, node, facts, pod_group)
         if why.endswith(DEVICE_GONE):
             homeless.append(att)
         elif why:
@@ -280,6 +294,17 @@ class Reconciler:
             return True
         return self.pods.alive(att.pod_namespace, att.pod_name, att.pod_uid)
 
+    def _pod_group(self, att: Attachment) -> str:
+        """The attachment's pod's PodGroup, from the pod watch (one GET when it does not show the
+        pod, which then remembers it): asked only for a claim reserved for a PodGroup."""
+        if self.pods is None or not att.pod_uid:
+            return ""
+        info = self.pods.get(att.pod_namespace, att.pod_name)
+        if (info is None or info.uid != att.pod_uid) and self.pods.alive(att.pod_namespace, att.pod_name,
+                                                                          att.pod_uid):
+            info = self.pods.get(att.pod_namespace, att.pod_name)
+        return info.pod_group if info is not None and info.uid == att.pod_uid else ""
+
     def reconcile(self, ns: str, name: str, claim: dict[str, Any] | None = None,
                   trigger: Event | None = None, copy_tick: int | None = None, purpose: str = "reconcile") -> bool:
         """Make the claim's status show the desired entries; True when an apply was sent.
@@ -304,7 +329,7 @@ class Reconciler:
                     return False
             mark = self.journal.dirty_mark(ns, name)  # a mark made after this read outlives the reconcile
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
-            desired = plan(claim, atts, self.node, self._pod_alive, self.order, self.slices.facts)
+            desired = plan(claim, atts, self.node, self._pod_alive, self.order, self.slices.facts, self._pod_group)
             self.covered(key, claim, {a.device_key for a in desired.shown})
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):

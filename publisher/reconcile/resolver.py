@@ -3,7 +3,8 @@
 pod (from CNI_ARGS) -> the pod's claims (spec.resourceClaims[].resourceClaimName,
 status.resourceClaimStatuses[] and the DRA extended-resource claim in
 status.extendedResourceClaimStatus) -> the claims that are allocated to THIS
-node, reserved for THIS pod (UID match) and have results of our driver -> the
+node, reserved for THIS pod (its UID, or its PodGroup: publisher/reconcile/reservation.py)
+and have results of our driver -> the
 device (choose_device, docs/publisher.md "Finding the claim and the device").
 A claim allocated to another node is skipped with a reason, never hiding a
 matching claim later in the pod's list. Anything still ambiguous is an error,
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterable
 from cni_plugin.wire.event import Event, legacy_order, new_order
 from publisher import limits
 from publisher.kube.calls import Kube, NotFound
+from publisher.reconcile.reservation import admits, pod_group_name
 from publisher.reconcile.slices import DeviceFacts, SliceFacts, SlicesUnsettled
 
 
@@ -75,6 +77,9 @@ class Target:
     device: str
     share_id: str = ""
     claim: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # as read to resolve
+    # The UID of the pod resolved (the event may carry none): a claim reserved for the pod's
+    # PodGroup does not name it.
+    pod_uid: str = field(default="", compare=False)
 
     @property
     def claim_key(self) -> str:
@@ -102,7 +107,7 @@ def pod_claim_names(pod: dict[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class PodInfo:
-    """What resolving needs of a pod: its UID and its claims."""
+    """What resolving needs of a pod: its UID, its claims and its PodGroup."""
 
     uid: str
     claims: tuple[str, ...]
@@ -114,6 +119,9 @@ class PodInfo:
     # Every spec.resourceClaims entry has its claim name (by name, or a status
     # entry for a template). Else `claims` may still grow: read the pod again.
     names_complete: bool = True
+    # spec.schedulingGroup.podGroupName ('' for none, immutable): a claim reserved for
+    # that PodGroup is the pod's to use (publisher/reconcile/reservation.py).
+    pod_group: str = ""
 
     @property
     def claimless(self) -> bool:
@@ -128,7 +136,8 @@ def pod_info(pod: dict[str, Any]) -> PodInfo:
     generated = {st.get("name") for st in status.get("resourceClaimStatuses") or []}
     complete = all(ref.get("resourceClaimName") or ref.get("name") in generated for ref in spec_refs)
     return PodInfo((pod.get("metadata") or {}).get("uid", ""), tuple(pod_claim_names(pod)),
-                   declares_claims=bool(spec_refs or extended), names_complete=complete)
+                   declares_claims=bool(spec_refs or extended), names_complete=complete,
+                   pod_group=pod_group_name(pod))
 
 
 def _claim_names(info: PodInfo, pod: str) -> bool:
@@ -283,8 +292,8 @@ class Resolver:
         self.pods = pods  # a PodCache, or None to always GET
         self.claims = claims  # publisher/repair/claimwatch.py ClaimWindows (a watch that stays open), or None to GET
 
-    def _pod(self, event: Event) -> tuple[str, list[str]]:
-        """(uid, claim names) of the event's pod: from the node's pod watch, else one GET.
+    def _pod(self, event: Event) -> tuple[str, list[str], str]:
+        """(uid, claim names, PodGroup) of the event's pod: from the node's pod watch, else one GET.
 
         A pod the watch does not show yet is waited for while the event is
         younger than POD_WATCH_GRACE (the watch wakes the wait). Raises NotOurs
@@ -308,7 +317,7 @@ class Resolver:
                     raise NotOurs(f"pod {namespace}/{name} was deleted before its ADD was handled",
                                   reason="pod_deleted")
             elif _claim_names(info, f"{namespace}/{name}"):
-                return info.uid, list(info.claims)
+                return info.uid, list(info.claims), info.pod_group
         try:
             pod = self.kube.get_pod(namespace, name)
         except NotFound:
@@ -317,10 +326,10 @@ class Resolver:
             self.pods.remember(pod)
         info = pod_info(pod)
         if uid and info.uid != uid:
-            return info.uid, []  # another pod of that name: resolve() says so
+            return info.uid, [], info.pod_group  # another pod of that name: resolve() says so
         if not _claim_names(info, f"{namespace}/{name}"):
             raise NotYet(f"pod {namespace}/{name}: the names of its claims are not known yet")
-        return info.uid, list(info.claims)
+        return info.uid, list(info.claims), info.pod_group
 
     def never_ours(self, event: Event) -> bool:
         """Whether the node's pod watch already knows this pod can never have a claim of ours
@@ -339,7 +348,7 @@ class Resolver:
         pod_ref = event.pod
         if pod_ref is None or not event.has_pod_identity:
             raise Unresolvable("event has no pod identity (K8S_POD_NAMESPACE/K8S_POD_NAME)")
-        uid, names = self._pod(event)
+        uid, names, group = self._pod(event)
         if pod_ref.uid and uid != pod_ref.uid:
             raise Unresolvable(f"pod {pod_ref.namespace}/{pod_ref.name} has uid {uid}, the event is for {pod_ref.uid}")
         found: list[Target] = []
@@ -348,8 +357,8 @@ class Resolver:
         ours: list[str] = []  # claims with results of the driver
         for name in names:
             try:
-                target = self._match_claim(pod_ref.namespace, name, uid, event, bound_for_claim, waiting, ours,
-                                           (known or {}).get(f"{pod_ref.namespace}/{name}"))
+                target = self._match_claim(pod_ref.namespace, name, (uid, group), event, bound_for_claim, waiting,
+                                           ours, (known or {}).get(f"{pod_ref.namespace}/{name}"))
             except Unresolvable as exc:
                 if exc.reason != "AllocatedToOtherNode":
                     raise
@@ -375,11 +384,12 @@ class Resolver:
         raise Unresolvable(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} has a device of driver {event.driver}")
 
     def _match_claim(
-        self, namespace: str, name: str, pod_uid: str, event: Event, bound_for_claim: Any, waiting: list[str],
-        ours: list[str], known: dict[str, Any] | None = None,
+        self, namespace: str, name: str, pod: tuple[str, str], event: Event, bound_for_claim: Any,
+        waiting: list[str], ours: list[str], known: dict[str, Any] | None = None,
     ) -> Target | None:
+        """`pod` is the pod's (UID, PodGroup)."""
         if known is not None:
-            return self._target(namespace, name, known, pod_uid, event, bound_for_claim, waiting, ours)
+            return self._target(namespace, name, known, pod, event, bound_for_claim, waiting, ours)
         try:
             if self.claims is not None:
                 claim = self.claims.read(namespace, name)
@@ -389,12 +399,12 @@ class Resolver:
         except NotFound:
             waiting.append(f"claim {namespace}/{name} is not visible")
             return None
-        target = self._target(namespace, name, claim, pod_uid, event, bound_for_claim, waiting, ours)
+        target = self._target(namespace, name, claim, pod, event, bound_for_claim, waiting, ours)
         if target is None and self.claims is not None:
             self.claims.unused(namespace, name)
         return target
 
-    def _target(self, namespace: str, name: str, claim: dict[str, Any], pod_uid: str, event: Event,
+    def _target(self, namespace: str, name: str, claim: dict[str, Any], pod: tuple[str, str], event: Event,
                 bound_for_claim: Any, waiting: list[str], ours: list[str]) -> Target | None:
         status = claim.get("status") or {}
         if not status.get("allocation"):
@@ -403,9 +413,9 @@ class Resolver:
         if not driver_results(claim, event.driver):
             return None
         ours.append(name)
-        reserved = {r.get("uid") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"}
-        if pod_uid not in reserved:
-            waiting.append(f"claim {namespace}/{name} is not reserved for the pod")
+        if not admits(claim, namespace, *pod):
+            waiting.append(f"claim {namespace}/{name} is not reserved for the pod"
+                           + (f" nor its PodGroup {pod[1]}" if pod[1] else ""))
             return None
         claim_uid = (claim.get("metadata") or {}).get("uid", "")
         node = allocated_node(claim)
@@ -431,4 +441,5 @@ class Resolver:
             device=result.get("device", ""),
             share_id=result.get("shareID", "") or "",
             claim=claim,
+            pod_uid=pod[0],
         )

@@ -215,11 +215,13 @@ class Rules:
         """Seconds left to hold the claim's apply for this sandbox's ADDs of its other devices (0: apply now).
 
         Only for a claim reserved for this pod alone (a shared claim's other devices may be
-        other pods' to attach), and counted from the sandbox's first ADD on the claim, so a
-        device no ADD will ever come for delays the entry by SIBLING_HOLD at most.
+        other pods' to attach, and so may those of a claim reserved for a PodGroup), and counted
+        from the sandbox's first ADD on the claim, so a device no ADD will ever come for delays
+        the entry by SIBLING_HOLD at most.
         """
         key = (target.claim_key, ev.container_id)
-        if self.settings.sibling_hold <= 0 or ev.pod is None or claim_facts(target.claim)[3] != {ev.pod.uid}:
+        if self.settings.sibling_hold <= 0 or ev.pod is None or not ev.pod.uid \
+                or claim_facts(target.claim)[3].sole_pod != ev.pod.uid:
             return 0.0
         others = {device_key(r) for r in driver_results(target.claim, target.driver)} - {target.device_key}
         if others:  # a claim of one device (most pods) needs no look at the journal
@@ -391,7 +393,8 @@ class Rules:
         return Attachment(
             container_id=ev.container_id, ifname=ev.ifname, driver=ev.driver, network=ev.network,
             pod_namespace=pod.namespace if pod else "", pod_name=pod.name if pod else "",
-            pod_uid=pod.uid if pod and pod.uid else _target_pod_uid(target, ev), claim_namespace=target.claim_namespace,
+            pod_uid=pod.uid if pod and pod.uid else target.pod_uid or _target_pod_uid(target, ev),
+            claim_namespace=target.claim_namespace,
             claim_name=target.claim_name, claim_uid=target.claim_uid, pool=target.pool, device=target.device,
             share_id=target.share_id, entry=entry, result_hash=result_hash(ev), event_ts=ev.timestamp,
             stamp=ev.order, request=ev.request, added=ev.order, netns=ev.netns, device_id=ev.device_id,
@@ -505,7 +508,8 @@ def _ready(att: Attachment) -> bool:
 
 
 def _target_pod_uid(target: Target, ev: Event) -> str:
-    """The pod UID the claim reserves for this pod, when the runtime passed none."""
+    """The pod UID the claim reserves for this pod, when the runtime passed none and the resolver
+    named none (a claim reserved for a PodGroup names no pod: the resolver's UID is the one)."""
     for r in (target.claim.get("status") or {}).get("reservedFor") or []:
         if r.get("resource") == "pods" and ev.pod and r.get("name") == ev.pod.name:
             return r.get("uid", "")

@@ -12,8 +12,9 @@ worker or housekeeping runs:
 2. on each claim (one GET), the entries this node's field manager owns: each names its
    sandbox (`data.containerID`) and interface (`networkData.interfaceName`);
 3. an entry is a live sandbox's when a pod on this node that uses the claim holds its
-   reservation and, where the hint names the sandbox's netns and its directory is visible
-   here, that netns still exists. Those are written to the journal as attachments, ranked
+   reservation (by its UID or its PodGroup: publisher/reconcile/reservation.py) and, where
+   the hint names the sandbox's netns and its directory is visible here, that netns still
+   exists. Those are written to the journal as attachments, ranked
    below every event of this boot (so a spooled or late ADD, CHECK or DEL of the sandbox
    wins); the others are not;
 4. every claim looked at is marked dirty: housekeeping's start-up reconcile (the one path that
@@ -35,6 +36,7 @@ from cni_plugin.wire.event import boot_id
 from publisher import limits, logs
 from publisher.journal.store import Attachment, Journal
 from publisher.kube.calls import Kube, NotFound
+from publisher.reconcile.reservation import pod_group_name, reservations
 from publisher.reconcile.resolver import pod_claim_names
 from publisher.reconcile.writer import entry_key, owned_keys
 
@@ -96,6 +98,7 @@ class NodePod:
     name: str
     uid: str
     claims: frozenset[str]
+    pod_group: str = ""  # spec.schedulingGroup.podGroupName
 
 
 def node_pods(kube: Kube, node: str) -> list[NodePod]:
@@ -106,7 +109,7 @@ def node_pods(kube: Kube, node: str) -> list[NodePod]:
         for pod in page.get("items") or []:
             meta = pod.get("metadata") or {}
             pods.append(NodePod(meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", ""),
-                                frozenset(pod_claim_names(pod))))
+                                frozenset(pod_claim_names(pod)), pod_group_name(pod)))
         cont = (page.get("metadata") or {}).get("continue") or ""
         if not cont:
             return pods
@@ -119,8 +122,9 @@ def live_attachments(claim: dict[str, Any], manager: str, pods: list[NodePod],
     meta = claim.get("metadata") or {}
     ns, name = meta.get("namespace", ""), meta.get("name", "")
     status = claim.get("status") or {}
-    reserved = {r.get("uid", "") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"}
-    users = [p for p in pods if p.namespace == ns and name in p.claims and p.uid in reserved]
+    reserved = reservations(claim)
+    users = [p for p in pods
+             if p.namespace == ns and name in p.claims and reserved.admits(p.namespace, p.uid, p.pod_group)]
     owned = owned_keys(claim, manager) or set()
     out, dead = [], 0
     for entry in status.get("devices") or []:

@@ -10,8 +10,8 @@ and nothing else says why. This module tells the operator: a pod that
 - declares a claim (spec.resourceClaims or a DRA extended-resource claim),
 - sent no ADD that this publisher handled, and has no attachment in the journal,
 - and, read last, has a claim allocated to one of netclaim's drivers (the flags' and the
-  installer's drivers file's: publisher/repair/drivers.py), reserved for it, with no entry
-  of those drivers in its status,
+  installer's drivers file's: publisher/repair/drivers.py), reserved for it (or for its
+  PodGroup: publisher/reconcile/reservation.py), with no entry of those drivers in its status,
 
 gets one Warning Event (reason NetclaimNotChained) and counts in
 netclaim_pods_unchained (now) and netclaim_pods_unchained_reported_total (ever).
@@ -56,6 +56,7 @@ from publisher import logs
 from publisher.clock import boot_began_wall, node_seconds
 from publisher.kube.calls import ApiError, Kube, NotFound
 from publisher.observe.events import claim_ref, pod_ref
+from publisher.reconcile.reservation import Reservations, admits, pod_group_name, reservations
 from publisher.reconcile.resolver import device_key, pod_claim_names
 from publisher.repair.drivers import DriverNames
 
@@ -84,6 +85,7 @@ class Candidate:
     due: float
     flagged: bool = False
     attempts: int = 0
+    pod_group: str = ""  # spec.schedulingGroup.podGroupName
 
 
 @dataclass
@@ -110,12 +112,14 @@ def declares_claims(pod: dict[str, Any]) -> bool:
                 or ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))
 
 
-def claim_is_ours(claim: dict[str, Any], drivers: frozenset[str], pod_uid: str) -> tuple[bool, bool, bool]:
-    """(allocated with a result of one of `drivers`, and reserved for the pod, and has a status entry of them)."""
+def claim_is_ours(claim: dict[str, Any], drivers: frozenset[str], pod_namespace: str, pod_uid: str,
+                  pod_group: str = "") -> tuple[bool, bool, bool]:
+    """(allocated with a result of one of `drivers`, and reserved for the pod or its PodGroup, and has a
+    status entry of them)."""
     status = claim.get("status") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     ours = any(r.get("driver") in drivers for r in results)
-    reserved = any(r.get("uid") == pod_uid for r in status.get("reservedFor") or [])
+    reserved = admits(claim, pod_namespace, pod_uid, pod_group)
     published = any(d.get("driver") in drivers for d in status.get("devices") or [])
     return ours, reserved, published
 
@@ -171,9 +175,10 @@ class UnchainedPods:
         self._adds: OrderedDict[str, None] = OrderedDict()  # pod UIDs (and ns/name) with an ADD handled
         self._judged: OrderedDict[str, None] = OrderedDict()  # pod UIDs already decided (never again)
         self._not_ours: OrderedDict[tuple[str, str], None] = OrderedDict()  # (ns, name) of others' claims
-        # "ns/claim" -> (devices of netclaim's drivers without an entry, pods the claim is reserved
-        # for), as the claim's last reconcile planned it (`covered`); claims with none are not kept.
-        self._uncovered: OrderedDict[str, tuple[tuple[str, ...], frozenset[str]]] = OrderedDict()
+        # "ns/claim" -> (devices of netclaim's drivers without an entry, the pods and PodGroups the
+        # claim is reserved for), as the claim's last reconcile planned it (`covered`); claims with
+        # none are not kept.
+        self._uncovered: OrderedDict[str, tuple[tuple[str, ...], Reservations]] = OrderedDict()
         self._bucket = _Bucket(EVENTS_PER_MINUTE, float(EVENTS_PER_MINUTE))
 
     def attached_pods(self) -> set[str]:
@@ -229,7 +234,8 @@ class UnchainedPods:
             if len(self._tracked) >= MAX_TRACKED:
                 self._tracked.popitem(last=False)
             due = max(node_seconds(), self.started) + self.grace
-            self._tracked[uid] = Candidate(namespace, name, uid, tuple(pod_claim_names(pod)), due)
+            self._tracked[uid] = Candidate(namespace, name, uid, tuple(pod_claim_names(pod)), due,
+                                           pod_group=pod_group_name(pod))
 
     def saw_add(self, pod_uid: str, namespace: str, name: str) -> None:
         """A worker handles an ADD: that pod is chained, whatever its claims resolve to."""
@@ -248,7 +254,7 @@ class UnchainedPods:
         results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
         missing = tuple(f"{r.get('pool', '')}/{r.get('device', '')} (request {r.get('request', '')})"
                         for r in results if r.get("driver") in self.drivers and device_key(r) not in shown)
-        reserved = frozenset(r.get("uid", "") for r in status.get("reservedFor") or [])
+        reserved = reservations(claim)
         with self._lock:
             self._uncovered.pop(claim_key, None)
             if missing:
@@ -261,7 +267,7 @@ class UnchainedPods:
         with self._lock:
             for claim_name in cand.claims:
                 found = self._uncovered.get(f"{cand.namespace}/{claim_name}")
-                if found is not None and cand.uid in found[1]:
+                if found is not None and found[1].admits(cand.namespace, cand.uid, cand.pod_group):
                     return claim_name, found[0]
         return None
 
@@ -358,7 +364,7 @@ class UnchainedPods:
             claim = self.kube.get_claim(cand.namespace, claim_name)
         except NotFound:
             return None
-        ours, reserved, published = claim_is_ours(claim, self.drivers, cand.uid)
+        ours, reserved, published = claim_is_ours(claim, self.drivers, cand.namespace, cand.uid, cand.pod_group)
         if ours and reserved and not published:
             return claim
         if not ours and (claim.get("status") or {}).get("allocation"):
