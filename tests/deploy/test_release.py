@@ -61,7 +61,8 @@ from deploylib import REPO, Looker, netclaim_publisher_bin, own_cluster, python_
 from test_daemonset_cluster import NAMESPACE, RELEASE, NodeFiles, daemonset_pod, free_port, uninstall_release
 
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
-from runtime.realcluster import ClusterError, RealCluster, entries_of, ready_status, wait_until  # noqa: E402
+from runtime.realcluster import ClusterError, RealCluster, ready_status, wait_until  # noqa: E402
+from runtime.realcluster import entries_of_any_release as entries_of  # noqa: E402  0.1.0's data has no apiVersion
 
 pytestmark = pytest.mark.containerd
 

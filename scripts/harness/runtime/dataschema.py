@@ -10,7 +10,9 @@ Which entries are netclaim's: `data` that names a `netclaim.dev/` apiVersion, an
 shape netclaim wrote before it carried one (`containerID` and `network` without `apiVersion`),
 which is exactly the mistake to catch. Other writers' `data` (another driver's, dranet's) is
 not looked at. A test that writes an entry in netclaim's old form itself, as an older release
-would have (tests/publisher/repair/test_publisher_after_a_rollback.py), says so with `planted`.
+would have (tests/publisher/repair/test_publisher_after_a_rollback.py), says so with `planted`;
+the real clusters' reader (realcluster.entries_of) reads clusters that may run the previous
+release, and holds its unversioned data to the fields of v1 only (`previous_release`).
 """
 
 from __future__ import annotations
@@ -80,9 +82,14 @@ def is_netclaims(data: Any) -> bool:
     return "apiVersion" not in data and "containerID" in data and "network" in data
 
 
-def check_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def check_entries(entries: list[dict[str, Any]], previous_release: bool = False) -> list[dict[str, Any]]:
     """`entries` (status.devices items) unchanged, once every netclaim `data` among them matches
-    the schema; raises DataSchemaError naming the entry and what is wrong."""
+    the schema; raises DataSchemaError naming the entry and what is wrong.
+
+    `previous_release`: the reader's cluster may run the release before the schema (0.1.0: the
+    upgrade and rollback of tests/deploy/test_release.py), whose `data` has no apiVersion and kind;
+    such data is held to the schema as this release rewrites it (the two fields put first).
+    """
     for entry in entries:
         data = entry.get("data") if isinstance(entry, dict) else None
         if not is_netclaims(data):
@@ -90,6 +97,8 @@ def check_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         with _planted_lock:
             if _key(data) in _planted:
                 continue
+        if previous_release and "apiVersion" not in data:
+            data = {"apiVersion": API_GROUP + "v1", "kind": "CNIResult", **data}
         errors = data_errors(data)
         if errors:
             where = "/".join(str(entry.get(k, "")) for k in ("driver", "pool", "device"))
