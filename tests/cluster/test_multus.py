@@ -298,3 +298,90 @@ def test_churn_three_networks_with_kubelet_and_containerd_restarts(mcluster: Rea
     print(f"ready-to-right lag, s: first ten max {max(lag1.values()):.1f}, second ten max {max(lag2.values()):.1f}")
     scale(0)
     _nothing_left(mcluster, mns, second)
+
+
+# ------------------------------------------------------------------ Services on a secondary network
+
+# A TCP server that answers every connection with the name it was given: run on the host inside a pod's
+# network namespace (the pods run the pause image, which serves nothing), so a connection proves the
+# network path between the two pods' netns, not a server of the test's.
+ECHO_NAME = ("import socket,sys\n"
+             "s=socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)\n"
+             "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+             "s.bind((sys.argv[1],int(sys.argv[2])));s.listen(8)\n"
+             "while True:\n"
+             "    c,_=s.accept();c.sendall(sys.argv[3].encode());c.close()\n")
+CONNECT = ("import socket,sys\n"
+           "c=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=3)\n"
+           "print(c.recv(100).decode())\n")
+
+
+def _slice_endpoints(cluster: RealCluster, ns: str, service: str) -> dict[str, dict[str, Any]]:
+    """The endpoints of the Service's netclaim slices, by pod name."""
+    out = cluster.kubectl("get", "endpointslices", "-n", ns, "-o", "json", "-l",
+                          f"kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by=netclaim")
+    return {ep["targetRef"]["name"]: ep for s in json.loads(out)["items"] for ep in s.get("endpoints") or []}
+
+
+def test_a_service_on_the_secondary_network_reaches_its_pods_by_the_endpoint_slices(
+        mcluster: RealCluster, mns: str, tmp_path: Any) -> None:
+    """`netclaim-publisher endpoints` gives a selector-less Service slices of its pods' bridge2 (net2) addresses,
+    from their claims' entries: a client pod on bridge2 connects to each address from the slice and is answered
+    by that pod; net2 set down in one pod turns its endpoint not ready; a deleted pod leaves the slice."""
+    import sys
+
+    cls = mcluster.values["NETCLAIM_DEVICE_CLASS"]
+    nets = [BRIDGE2]
+    docs: list[dict[str, Any]] = [multinet.claim_template(mns, "two", ["nic", "bridge2"], cls)]
+    for name in ("srv-a", "srv-b", "client"):
+        doc = multinet.pod(mns, name, nets, {"net": {"resourceClaimTemplateName": "two"}})
+        doc["metadata"]["labels"] = {"app": "srv" if name.startswith("srv") else "client"}
+        docs.append(doc)
+    docs.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "srv", "namespace": mns, "annotations": {
+        "netclaim.dev/endpoints-selector": "app=srv", "netclaim.dev/endpoints-driver": mcluster.driver,
+        "netclaim.dev/endpoints-request": "bridge2"}},
+        "spec": {"clusterIP": "None", "ports": [{"name": "echo", "port": 7070, "protocol": "TCP"}]}})
+    mcluster.apply(*docs)
+    log = open(tmp_path / "endpoints.log", "wb")
+    procs = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "netclaim-publisher"), "endpoints",
+                               "--kubeconfig", mcluster.kubeconfig, "--namespace", mns, "--lease-namespace", mns],
+                              stdout=log, stderr=log)]
+    try:
+        mcluster.wait_running(mns, "srv-a", "srv-b", "client")
+        netns = {name: mcluster.netns(mns, name) for name in ("srv-a", "srv-b", "client")}
+        for name in ("srv-a", "srv-b"):
+            procs.append(subprocess.Popen(["nsenter", f"--net={netns[name]}", sys.executable, "-c", ECHO_NAME,
+                                           "0.0.0.0", "7070", name], stdout=log, stderr=log))
+
+        def both_ready() -> dict[str, dict[str, Any]] | None:
+            eps = _slice_endpoints(mcluster, mns, "srv")
+            return eps if sorted(eps) == ["srv-a", "srv-b"] and all(e["conditions"]["ready"] for e in eps.values()) \
+                else None
+
+        eps = wait_until(both_ready, "both server pods ready on the Service's slice", timeout=60)
+        for name, ep in eps.items():
+            (address,) = ep["addresses"]
+            own = [c.split("/")[0] for c in multinet.netns_interfaces(mcluster, mns, name)["net2"].cidrs]
+            assert address in own, f"{name}'s endpoint {address} is not its net2 address {own}"
+
+            def answered() -> bool:
+                out = subprocess.run(["nsenter", f"--net={netns['client']}", sys.executable, "-c", CONNECT, address,
+                                      "7070"], capture_output=True, text=True, timeout=30)
+                return out.stdout.strip() == name
+
+            wait_until(answered, f"the client to reach {name} at {address} over net2", timeout=30)
+
+        subprocess.run(["nsenter", f"--net={netns['srv-a']}", "ip", "link", "set", "net2", "down"], check=True)
+        wait_until(lambda: _slice_endpoints(mcluster, mns, "srv")["srv-a"]["conditions"]["ready"] is False,
+                   "srv-a's endpoint not ready after net2 went down", timeout=60)
+        assert _slice_endpoints(mcluster, mns, "srv")["srv-b"]["conditions"]["ready"] is True
+
+        procs[2].kill()  # its server holds the netns: gone before the sandbox is torn down
+        mcluster.delete_pod(mns, "srv-b", wait=False)
+        wait_until(lambda: "srv-b" not in _slice_endpoints(mcluster, mns, "srv"),
+                   "srv-b gone from the slice after its deletion", timeout=60)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
+        log.close()

@@ -40,7 +40,8 @@ def test_helm_lint_passes_with_defaults_and_with_every_toggle() -> None:
     helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), *driver_set())
     helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), "--set", "namespace.create=true", "--set", "metrics.podMonitor.enabled=true",
          "--set", "metrics.serviceMonitor.enabled=true", "--set", "driverName={a.example.com,b.example.com}",
-         "--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.dashboard.enabled=true")
+         "--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.dashboard.enabled=true",
+         "--set", "endpoints.enabled=true")
 
 
 PRIMARY = {"cniVersion": "1.0.0", "name": "podnet", "plugins": [{"type": "bridge", "bridge": "cbr0"}]}
@@ -277,7 +278,7 @@ NON_DEFAULT = ("nameOverride=nc", "commonLabels.team=net", "podLabels.tier=node"
                "serviceAccount.annotations.owner=net", "updateStrategy.maxUnavailable=10%",
                "resourceQuota.enabled=true", "securityContext.privileged=true", "securityContext.seLinuxType=spc_t",
                "cni.pluginLogFile=/var/log/netclaim/plugin.log", "metrics.dashboard.enabled=true",
-               "cni.pluginSpoolMaxFiles=500",
+               "cni.pluginSpoolMaxFiles=500", "endpoints.enabled=true",
                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
                ".matchExpressions[0].key=netclaim",
                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
@@ -434,7 +435,9 @@ def test_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_when_set() -> N
                                  "cni.pluginSpoolMaxFiles=0", "cni.pluginSpoolMaxBytes=1099511627777",
                                  "cni.pluginAckTimeoutMs=60001", "cni.pluginHandoffWaitMs=-1",
                                  "cni.pluginAddressWaitMs=3001",
-                                 "cni.pluginSpoolMaxFiles=lots", "cni.pluginSpoolMaxFiles=1.5"])
+                                 "cni.pluginSpoolMaxFiles=lots", "cni.pluginSpoolMaxFiles=1.5",
+                                 # the endpoints controller: at least one replica, options that look like one
+                                 "endpoints.replicas=0", "endpoints.extraArgs[0]=debug", "endpoints.leaseDuration=1"])
 def test_a_typo_or_bad_value_is_refused(bad: str) -> None:
     for verb in ("template", "lint"):
         args = [verb, *(["x"] if verb == "template" else []), str(CHART), "--kube-version", kube_version(),
@@ -607,3 +610,26 @@ def test_a_surge_rollout_renders_and_impossible_strategies_are_refused() -> None
                 ("updateStrategy.maxSurge=0%", "updateStrategy.maxUnavailable=0%")):
         with pytest.raises(AssertionError, match="values don't meet the specifications"):
             render(*bad)
+
+
+def test_the_endpoints_controller_is_opt_in_and_renders_a_leader_elected_non_root_deployment() -> None:
+    assert not by_kind(render(), "Deployment"), "off by default"
+    docs = render("endpoints.enabled=true", "endpoints.replicas=3", "endpoints.leaseDuration=30",
+                  "endpoints.extraArgs[0]=--log-level=debug", release="edge")
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["metadata"]["name"] == "edge-netclaim-endpoints" and dep["spec"]["replicas"] == 3
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "edge-netclaim-endpoints"
+    assert not pod.get("hostNetwork") and not pod.get("volumes"), "no host access, nothing mounted but its token"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    assert c["command"][-1] == "endpoints"
+    assert c["args"][:4] == ["--lease-name=edge-netclaim-endpoints", "--lease-duration=30",
+                             "--lease-renew-deadline=20", "--lease-retry=4"]
+    assert c["args"][-1] == "--log-level=debug", "extraArgs come after the chart's own"
+    assert {e["name"] for e in c["env"]} >= {"POD_NAME", "POD_NAMESPACE"}
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "cpu" not in c["resources"].get("limits", {})
+    # the publisher's DaemonSet and account are the same as without it
+    assert one(docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == "edge-netclaim-publisher"

@@ -28,7 +28,7 @@ from kubernetes.dynamic import DynamicClient
 from chartlib import by_kind, render
 from deploylib import DRIVER, REPO, netclaim_publisher_bin, python_env, terminate
 from kubehelpers import (OTHER_DRIVER, allocated_claim, apply_object, create_namespace, create_pod, delete_object,
-                         ensure_node, status_devices, tear_down, token_request)
+                         apply_status, device_entry, ensure_node, status_devices, tear_down, token_request)
 from test_rbac_node_scope import metric, publisher_event, send, wait_for
 
 KUBE_PY = REPO / "publisher" / "kube" / "calls.py"
@@ -336,3 +336,92 @@ def kube_refuses(kube: Any, namespace: str, name: str) -> bool:
     from publisher.keeper.ownerwatch import ask_once
 
     return ask_once(lambda: kube.get_daemonset(namespace, name)).evidence.startswith("get: 403")
+
+
+# ---------------------------------------------------------------- the endpoints controller (endpoints.enabled)
+
+# What publisher/endpoints/ calls: list+watch of Services, pods and claims (the caches, no GET per object),
+# server-side apply (PATCH, which creates a missing slice: create too) and DELETE of its slices, and
+# the Lease read, made once and renewed (PUT). The live test below shows none of it is refused.
+ENDPOINTS_GRANTS: set[Grant] = {
+    ("", "services", "list"), ("", "services", "watch"), ("", "pods", "list"), ("", "pods", "watch"),
+    ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),
+    ("discovery.k8s.io", "endpointslices", "list"), ("discovery.k8s.io", "endpointslices", "watch"),
+    ("discovery.k8s.io", "endpointslices", "create"), ("discovery.k8s.io", "endpointslices", "patch"),
+    ("discovery.k8s.io", "endpointslices", "delete"),
+    ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
+}
+
+
+def endpoints_rbac(namespace: str, release: str) -> list[dict[str, Any]]:
+    docs = render(f"driverName={DRIVER}", "endpoints.enabled=true", release=release, namespace=namespace)
+    return [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+            and d["metadata"]["name"].endswith("-endpoints")]
+
+
+def test_the_endpoints_controllers_role_grants_exactly_its_calls_and_nothing_of_the_publishers() -> None:
+    docs = endpoints_rbac("netclaim-system", "netclaim")
+    assert role_grants(docs) == ENDPOINTS_GRANTS
+    (sa,) = by_kind(docs, "ServiceAccount")
+    bindings = by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding")
+    assert {s["name"] for b in bindings for s in b["subjects"]} == {sa["metadata"]["name"]}
+    (lease_role,) = by_kind(docs, "Role")
+    assert lease_role["metadata"]["namespace"] == "netclaim-system"
+    # off by default: no account, no role of the controller
+    assert not [d for d in render() if d["metadata"]["name"].endswith("-endpoints")]
+
+
+@pytest.mark.controlplane
+def test_the_endpoints_controller_under_its_chart_role_writes_slices_with_no_403(control_plane, tmp_root: Path) -> None:
+    import signal
+
+    api = control_plane.api_client()
+    dyn = DynamicClient(api)
+    sfx = uuid.uuid4().hex[:6]
+    ns = f"ncexact-ep-{sfx}"
+    docs = endpoints_rbac(ns, f"netclaim-{sfx}")
+    proc = None
+    try:
+        node = ensure_node(api, "node-a")
+        create_namespace(api, ns)
+        for doc in docs:
+            apply_object(dyn, doc, "netclaim-rbac-test", dry_run=False)
+        sa = by_kind(docs, "ServiceAccount")[0]["metadata"]["name"]
+        kubeconfig = control_plane.kubeconfig_for_token(token_request(api, ns, sa, node, "Node", seconds=900),
+                                                        tmp_root / "kubeconfig")
+        pod = create_pod(api, ns, "web", "node-a", claim="claim-a")
+        client.CoreV1Api(api).patch_namespaced_pod("web", ns, {"metadata": {"labels": {"app": "web"}}})
+        result = {"request": "nic", "driver": DRIVER, "pool": "node-a", "device": "nic0"}
+        claim = allocated_claim(api, ns, "claim-a", "node-a", pod, [result])
+        apply_status(api, claim, [device_entry(claim, result, ip="10.88.0.5/16")], "netclaim/node-a")
+        client.CoreV1Api(api).create_namespaced_service(ns, {"metadata": {"name": "web", "annotations": {
+            "netclaim.dev/endpoints-selector": "app=web", "netclaim.dev/endpoints-driver": DRIVER,
+            "netclaim.dev/endpoints-request": "nic"}}, "spec": {"clusterIP": "None", "ports": [{"port": 80}]}})
+        log = tmp_root / "endpoints.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([str(netclaim_publisher_bin()), "endpoints", "--kubeconfig", kubeconfig,
+                                     "--namespace", ns, "--lease-namespace", ns, "--lease-name", f"netclaim-{sfx}-endpoints"],
+                                    stdout=out, stderr=out, env=python_env())
+        disc = client.DiscoveryV1Api(api)
+
+        def addresses() -> list[str]:
+            found = disc.list_namespaced_endpoint_slice(ns, label_selector="kubernetes.io/service-name=web")
+            return [a for s in found.items for ep in s.endpoints or [] for a in ep.addresses]
+
+        wait_for(lambda: addresses() == ["10.88.0.5"], "the Service's slice with the pod's address", timeout=60)
+        client.CoreV1Api(api).delete_namespaced_service("web", ns)  # its slices are deleted (no GC runs here)
+        wait_for(lambda: not disc.list_namespaced_endpoint_slice(ns).items, "the slices of the deleted Service gone")
+        proc.send_signal(signal.SIGTERM)  # gives the Lease up: an update
+        proc.wait(30)
+        assert proc.returncode == 0, log.read_text()[-3000:]
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(f"netclaim-{sfx}-endpoints", ns)
+        assert not lease.spec.holder_identity
+        text = log.read_text()
+        assert "released the lease" in text
+        refused = [line for line in text.splitlines() if "403" in line or "forbidden" in line.lower()]
+        assert not refused, refused
+    finally:
+        if proc is not None and proc.poll() is None:
+            terminate(proc)
+        tear_down(api, dyn, ns, docs, lambda kind: kind in ("ClusterRole", "ClusterRoleBinding"))
