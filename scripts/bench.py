@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""netclaim benchmarks: `bench.py plugin|publisher|e2e|scale|cluster|soak|watches|report [options]`.
+"""netclaim benchmarks: `bench.py plugin|publisher|e2e|scale|cluster|soak|watches|live|endpoints|report [options]`.
 
 Every figure is a ratio against a reference measured side by side in the same
 run (Go reference plugins, bare Python start-up, a bare apply loop), because
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SUITES = ("plugin", "publisher", "e2e", "scale", "cluster", "soak", "watches", "live", "report")
+SUITES = ("plugin", "publisher", "e2e", "scale", "cluster", "soak", "watches", "live", "endpoints", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
