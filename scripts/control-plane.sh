@@ -153,6 +153,15 @@ start_apiserver() {
     # (the APF test lowers the concurrency limits so that a flood shows queuing on 2 cores).
     local EXTRA_ARGS
     read -r -a EXTRA_ARGS <<<"${NETCLAIM_CP_APISERVER_ARGS:-}"
+    # The plain control plane serves Kubernetes 1.37's workload API (beta, off by default): PodGroups
+    # (scheduling.k8s.io/v1beta1), pods' spec.schedulingGroup and claims a PodGroup shares (KEP-5729),
+    # so the publisher's tests can reserve a claim for a PodGroup. A cluster's API server and an older
+    # minor's keep the defaults: a cluster would need the gates on its scheduler and kubelet too.
+    local WORKLOAD=()
+    if [[ "${CLUSTER_MODE:-0}" != 1 && -z "${NETCLAIM_KUBE_VERSION:-}" ]]; then
+        WORKLOAD=(--feature-gates GenericWorkload=true,DRAWorkloadResourceClaims=true
+            --runtime-config scheduling.k8s.io/v1beta1=true)
+    fi
     log "starting kube-apiserver on https://127.0.0.1:${APISERVER_PORT}"
     setsid "$APISERVER_BIN" \
         --etcd-servers "http://127.0.0.1:${ETCD_PORT}" \
@@ -170,6 +179,7 @@ start_apiserver() {
         --kubelet-client-certificate "$DIR/pki/kubelet-client.crt" --kubelet-client-key "$DIR/pki/kubelet-client.key" \
         --kubelet-certificate-authority "$DIR/pki/ca.crt" --kubelet-preferred-address-types InternalIP \
         "${SA_ADMISSION[@]}" \
+        "${WORKLOAD[@]}" \
         --allow-privileged=true \
         --endpoint-reconciler-type none \
         --profiling=false \
