@@ -12,16 +12,19 @@ verdict line `why` prints, and its exit code (0 all is well, 1 a cause). The pub
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -290,6 +293,158 @@ def test_why_names_a_network_attachment_whose_chain_lacks_netclaim(plugin_dir: P
     assert code == 1, out
     assert f"CAUSE: NetworkAttachmentDefinition {ns}/storage" in out and "has no netclaim plugin" in out, out
     assert "macvlan" in out and "FIX: add" in out, out
+
+
+def test_why_names_an_apply_the_api_server_refuses(plugin_dir: Path, installed: RealCluster, ns: str) -> None:
+    """Another writer of netclaim's entry: a driver that applies its own interfaceName for the same device,
+    forcing, as a DRA driver writing the status of its devices does. netclaim applies without force, so its next
+    apply of that claim (the interface goes down: Ready must turn False) is refused with a 409 naming the other
+    field manager, and reported as an ApplyRejected Warning on the claim."""
+    entry = published_pod(installed, ns, "contended")
+    claim = installed.pod_claim(ns, "contended")
+    theirs = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+              "metadata": {"name": claim, "namespace": ns},
+              "status": {"devices": [{"driver": entry["driver"], "pool": entry["pool"], "device": entry["device"],
+                                      "networkData": {"interfaceName": "net9"}}]}}
+    installed.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=nic-driver",
+                      "--subresource=status", "-f", "-", stdin=json.dumps(theirs))
+    subprocess.run(["nsenter", f"--net={installed.netns(ns, 'contended')}", "ip", "link", "set", "eth0", "down"],
+                   check=True, timeout=30)
+    code, out = verdict_until(plugin_dir, installed, ns, "contended", "ApplyRejected")
+    assert code == 1 and out.startswith(f"CAUSE: Warning ApplyRejected on claim {claim}: "), out
+    assert "(409)" in out and '"nic-driver"' in out and "interfaceName" in out, out  # the Event's note
+    assert "FIX: docs/troubleshooting.md '409 or 422 in the logs'" in out, out
+
+
+def test_why_names_an_interface_two_allocated_devices_fit(plugin_dir: Path, installed: RealCluster,
+                                                          ns: str) -> None:
+    """A claim whose one request gets two devices of netclaim's driver, for a pod with one interface: the
+    publisher cannot tell which device eth0 is (no device ID, no interfaceName attribute in the slice), so it
+    guesses nothing and posts AmbiguousDevice on the claim, naming both."""
+    installed.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": "pair", "namespace": ns},
+                     "spec": {"devices": {"requests": [{"name": "nic", "exactly": {
+                         "deviceClassName": installed.values["NETCLAIM_DEVICE_CLASS"],
+                         "allocationMode": "ExactCount", "count": 2}}]}}})
+    installed.pod(ns, "paired", claim="pair")
+    try:
+        installed.wait_running(ns, "paired", timeout=180)
+        results = installed.get("resourceclaim", "pair", ns)["status"]["allocation"]["devices"]["results"]
+        assert len(results) == 2 and {r["driver"] for r in results} == {installed.driver}, results
+        code, out = verdict_until(plugin_dir, installed, ns, "paired", "AmbiguousDevice")
+    finally:  # its two devices back to the node for the cases that follow
+        installed.kubectl("delete", "pod", "paired", "-n", ns, "--wait=false", check=False)
+    assert code == 1 and out.startswith("CAUSE: Warning AmbiguousDevice on claim pair: "), out
+    for r in results:
+        assert f"{r['pool']}/{r['device']}" in out, (r, out)
+    assert "FIX: set `request` in netclaim's entry" in out, out
+
+
+def without_netclaim(conflist: bytes) -> bytes:
+    """The conflist as its own writer has it: the same chain without netclaim's entry."""
+    doc = json.loads(conflist)
+    doc["plugins"] = [p for p in doc["plugins"] if p.get("type") != "netclaim"]
+    return json.dumps(doc, indent=2).encode()
+
+
+def replace_file(path: Path, make: Callable[[Path], None]) -> None:
+    """`make` a new file (or link) beside `path` under a name no runtime reads, renamed over it: as installers
+    write, so neither the runtime nor the keeper ever reads half a file."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+    make(tmp)
+    os.replace(tmp, path)
+
+
+@pytest.fixture(scope="module")
+def unchained_for_a_while(plugin_dir: Path, installed: RealCluster, ns: str,
+                          healthy: dict[str, Any]) -> dict[str, Any]:
+    """The node out of the chain for a while, as config management does it: the primary conflist replaced by a
+    link to a file it maintains (in a directory of the conf dir, which no runtime reads as a network), without
+    netclaim. The keeper never edits a linked primary, so the node stays unchained. Meanwhile `why healthy` is
+    asked until it names the node, and a claimed pod starts (its sandbox runs the chain without netclaim).
+    Then the file is put back as it was, and the runtime's chain holds netclaim again before the cases that
+    follow."""
+    from test_daemonset_cluster import NodeFiles
+
+    files = NodeFiles(installed)
+    original = files.conflist.read_bytes()
+    maintained = files.conf / "maintained"
+    maintained.mkdir(exist_ok=True)
+    (maintained / files.conflist.name).write_bytes(without_netclaim(original))
+    replace_file(files.conflist, lambda tmp: tmp.symlink_to(f"maintained/{files.conflist.name}"))
+    try:
+        wait_until(lambda: "netclaim" not in installed.loaded_cni_types(), "the runtime's chain without netclaim",
+                   timeout=120)
+        installed.pod(ns, "unchained", template="net")
+        verdict = verdict_until(plugin_dir, installed, ns, "healthy", "not chained")
+        installed.wait_running(ns, "unchained", timeout=180)
+    finally:
+        replace_file(files.conflist, lambda tmp: tmp.write_bytes(original))
+        shutil.rmtree(maintained)
+    wait_until(lambda: files.chained(files.conflist) and "netclaim" in installed.loaded_cni_types(),
+               "netclaim back in the runtime's chain", timeout=120)
+    return {"verdict": verdict, "conflist": files.conflist.name}
+
+
+def test_why_names_a_node_that_is_not_chained(installed: RealCluster,
+                                              unchained_for_a_while: dict[str, Any]) -> None:
+    code, out = unchained_for_a_while["verdict"]
+    conflist = unchained_for_a_while["conflist"]
+    assert code == 1 and out.startswith(f"CAUSE: node {installed.node}: not chained in {conflist}: "), out
+    assert "is a symlink to maintained/" in out, out  # the keeper's reason, as the Lease carries it
+    assert "FIX: docs/troubleshooting.md 'Is netclaim in the chain?'" in out, out
+
+
+def test_why_names_a_pod_started_while_netclaim_was_not_chained(plugin_dir: Path, installed: RealCluster, ns: str,
+                                                                unchained_for_a_while: dict[str, Any]) -> None:
+    """The pod started while the node was unchained still has no status after the chain is back (nothing sent an
+    ADD for its sandbox): the publisher finds it and posts NetclaimNotChained on the pod."""
+    code, out = verdict_until(plugin_dir, installed, ns, "unchained", "NetclaimNotChained")
+    assert code == 1 and out.startswith("CAUSE: Warning NetclaimNotChained on pod unchained: the pod's sandbox was "
+                                        "created while netclaim was not in the node's CNI chain"), out
+    assert "FIX: chain the node" in out and "then re-create the pod" in out, out
+
+
+@contextlib.contextmanager
+def another_writer(path: Path, content: bytes) -> Iterator[None]:
+    """While the block runs, a writer that wants `path` its own way, as Cilium's agent (cni.exclusive) does: a
+    few times a second, when the file is not what it writes, it writes it again (renamed into place)."""
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def loop() -> None:
+        while not stop.wait(0.1):
+            try:
+                if path.read_bytes() != content:
+                    replace_file(path, lambda tmp: tmp.write_bytes(content))
+            except OSError as exc:
+                failed.append(exc)
+                return
+    writer = threading.Thread(target=loop, name="other-conflist-writer", daemon=True)
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join(timeout=10)
+    assert not failed, failed
+
+
+def test_why_names_a_chain_another_writer_keeps_undoing(plugin_dir: Path, installed: RealCluster, ns: str,
+                                                        healthy: dict[str, Any]) -> None:
+    """Second to last. Another writer undoes each of the keeper's edits of the primary conflist: after a few
+    writes in a minute the keeper calls the conflist contested and backs off (so the node is also not chained):
+    `why` names the contest, not the missing entry. Once the writer stops, the keeper's next retry chains
+    netclaim again (the Lease says contested until a minute passes without a keeper write: the stale case that
+    follows does not mind)."""
+    from test_daemonset_cluster import NodeFiles
+
+    files = NodeFiles(installed)
+    with another_writer(files.conflist, without_netclaim(files.conflist.read_bytes())):
+        code, out = verdict_until(plugin_dir, installed, ns, "healthy", "contested")
+    wait_until(lambda: files.chained(files.conflist), "the keeper's retry chaining netclaim again", timeout=180)
+    assert code == 1 and out.startswith(f"CAUSE: node {installed.node}: contested: {files.conflist.name}"), out
+    assert "FIX: docs/troubleshooting.md 'The chain is contested': stop the other writer" in out, out
 
 
 def publisher_pid(cluster: RealCluster) -> int:
