@@ -45,7 +45,7 @@ class Controller:
         out = []
         for line in self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []:
             try:
-                out.append(json.loads(line).get("message", ""))
+                out.append(json.loads(line).get("msg", ""))
             except ValueError:
                 out.append(line)
         return out
