@@ -12,7 +12,6 @@ from typing import Any
 
 from kubernetes import client
 
-from publisher.endpoints import select
 from publisher_testkit import BIN, DRIVER, Cluster
 
 SLICE_MANAGER = "endpointslice.kubernetes.io/managed-by=netclaim"
@@ -90,9 +89,11 @@ def server_pod(cluster: Cluster, name: str, ips: list[str], ready: bool = True,
 
 def annotated_service(cluster: Cluster, name: str = "web", selector: str = "app=web",
                       family: str = "") -> dict[str, Any]:
-    annotations = {select.SELECTOR: selector, select.DRIVER: DRIVER, select.REQUEST: "macvlan"}
+    # the documented names (docs/multi-network.md), spelled out: they are the users' contract
+    annotations = {"netclaim.dev/endpoints-selector": selector, "netclaim.dev/endpoints-driver": DRIVER,
+                   "netclaim.dev/endpoints-request": "macvlan"}
     if family:
-        annotations[select.FAMILY] = family
+        annotations["netclaim.dev/endpoints-family"] = family
     body = {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": name, "annotations": annotations},
             "spec": {"clusterIP": "None",
