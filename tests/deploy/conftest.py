@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,3 +40,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     outcome = yield
     if call.when == "call":
         item.rep_call = outcome.get_result()  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- the release tests' cluster
+
+RELEASE_CLUSTER = "release_cluster"
+# The last collected test that uses it, and how to bring it down (set while it is up).
+_release_cluster_last: list[pytest.Item] = []
+_release_cluster_down: list[Callable[[], None]] = []
+
+
+@pytest.fixture(scope="session")
+def release_cluster() -> Iterator[Any]:
+    """One real cluster for the release tests of both modules: test_release.py installs the release's archive
+    and upgrades on it, test_release_registry.py installs the pushed release from its registry. Starting it
+    once saves a cluster start; it is brought down (unless NETCLAIM_CLUSTER_KEEP) right after the last test
+    that uses it, not at the end of the session, so the tests after those do not share the machine with it.
+    NETCLAIM_RELEASE_CLUSTER_DIR picks its dir (default: nc-cl-release in the temp dir)."""
+    from deploylib import own_cluster
+
+    lifetime = own_cluster("NETCLAIM_RELEASE_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-cl-release"))
+    cluster = next(lifetime)
+    _release_cluster_down.append(lambda: next(lifetime, None))
+    yield cluster
+    while _release_cluster_down:
+        _release_cluster_down.pop()()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    users = [item for item in session.items if RELEASE_CLUSTER in getattr(item, "fixturenames", ())]
+    _release_cluster_last[:] = users[-1:]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test that uses the release cluster, bring it down."""
+    if _release_cluster_last and item is _release_cluster_last[0]:
+        while _release_cluster_down:
+            _release_cluster_down.pop()()

@@ -43,10 +43,8 @@ import sqlite3
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +55,7 @@ import yaml
 import cni_plugin
 from publisher.journal.schema import SCHEMA_VERSION
 from chartlib import helm, render
-from deploylib import REPO, Looker, netclaim_publisher_bin, own_cluster, python_env
+from deploylib import REPO, Looker, netclaim_publisher_bin, python_env
 from test_daemonset_cluster import NAMESPACE, RELEASE, NodeFiles, daemonset_pod, free_port, uninstall_release
 
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
@@ -358,8 +356,9 @@ def test_a_cached_plugin_changed_after_its_build_is_refused_and_nothing_is_relea
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RealCluster]:
-    yield from own_cluster("NETCLAIM_RELEASE_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-cl-release"))
+def cluster(release_cluster: RealCluster) -> RealCluster:
+    """The cluster this module shares with test_release_registry.py (tests/deploy/conftest.py)."""
+    return release_cluster
 
 
 def ctr(cluster: RealCluster, *args: str, timeout: int = 900) -> str:

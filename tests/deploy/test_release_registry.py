@@ -10,8 +10,18 @@ chart digests; `cosign verify-attestation --type spdxjson` gives the release's S
 `--type slsaprovenance` a statement naming the commit and the image's lock files. A tag moved to
 another manifest, and a key that did not sign, each make cosign exit non-zero, saying why.
 
+Then, on the real cluster the release tests share (tests/deploy/conftest.py `release_cluster`), the
+release is installed from the registry as docs/install.md says, pinned by digest: `helm install
+oci://REGISTRY/charts/netclaim@sha256:... --plain-http --set image.registry=REGISTRY`. The node's
+containerd first forgets every image of the release's index (test_release.py imported the archive), so
+the DaemonSet's pod can only run what the node pulls from the registry: the index, the node platform's
+manifest, config and layers come back into its content store, its containers report the image by the
+registry's name and digest, and a claimed pod's status is published by that install.
+
 Key signing here is offline (nothing goes to a transparency log), so verification passes
---insecure-ignore-tlog; a loopback registry speaks plain HTTP (cosign's --allow-http-registry).
+--insecure-ignore-tlog; a loopback registry speaks plain HTTP (cosign's --allow-http-registry, helm's
+--plain-http; the node's containerd falls back to plain HTTP for a loopback host by itself, so the node
+needs no registry configuration).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +42,13 @@ import pytest
 import requests
 from chartlib import helm
 from deploylib import REPO
+from test_daemonset_cluster import NAMESPACE, RELEASE, NodeFiles, uninstall_release
+from test_release import ctr, ports, published, running_image, site_values, start_claimed_pod
 
 import cni_plugin
 
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
-from runtime.realcluster import free_port, wait_until
+from runtime.realcluster import RealCluster, free_port, wait_until
 
 VERSION = cni_plugin.__version__
 NAME = f"netclaim-{VERSION}"
@@ -222,3 +235,75 @@ def test_a_tag_moved_to_another_manifest_fails_verification_and_says_so(pushed: 
         assert "no signatures found" in proc.stderr or "no matching signatures" in proc.stderr, proc.stderr
     finally:
         requests.put(f"{base}/{VERSION}", data=index.content, headers={"Content-Type": INDEX}, timeout=60)
+
+
+# ---------------------------------------------------------------- installed from the registry, on the real cluster
+
+
+def node_blobs(registry: str, digest: str) -> set[str]:
+    """What a node of this machine's platform (linux/amd64) pulls of the index `digest`: the index, the amd64
+    manifest, its config and its layers, as the registry lists them."""
+    base = f"http://{registry}/v2/netclaim"
+    index = get(f"{base}/manifests/{digest}", INDEX).json()
+    [amd64] = [m["digest"] for m in index["manifests"] if m["platform"]["architecture"] == "amd64"]
+    manifest = get(f"{base}/manifests/{amd64}", MANIFEST).json()
+    return {digest, amd64, manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])}
+
+
+def node_holds(cluster: RealCluster, digest: str, blobs: set[str]) -> tuple[list[str], set[str]]:
+    """What the node's containerd (k8s.io) holds of the image index `digest`: the image names that point at
+    it, and which of `blobs` are in its content store."""
+    names = [row.split()[0] for row in ctr(cluster, "images", "ls").splitlines()[1:]
+             if len(row.split()) > 2 and row.split()[2] == digest]
+    return names, blobs & set(ctr(cluster, "content", "ls", "-q").split())
+
+
+def forget(cluster: RealCluster, digest: str) -> None:
+    """Removes every name of the index from the node's containerd and waits for its garbage collection, so
+    that the image's blobs are gone too (test_release.py imported the release's archive on this node)."""
+    names, _ = node_holds(cluster, digest, set())
+    if names:
+        ctr(cluster, "images", "rm", "--sync", *names)
+
+
+def test_installed_from_the_registry_by_digest_the_node_pulls_the_image_and_publishes(
+        pushed: Pushed, registry: str, release_cluster: RealCluster) -> None:
+    cluster = release_cluster
+    files = NodeFiles(cluster)
+    assert not files.chained(files.conflist), "netclaim must not be installed before the chart"
+    blobs = node_blobs(registry, pushed.digest)
+    forget(cluster, pushed.digest)
+    assert node_holds(cluster, pushed.digest, blobs) == ([], set()), "the node still holds the release's image"
+    pulled = f"{registry}/netclaim@{pushed.digest}"
+    ns = cluster.namespace(f"reg-{uuid.uuid4().hex[:6]}")
+    try:
+        # As docs/install.md says, pinned by the digest of the chart whose signature a user verified; the pushed
+        # chart pins the image's. containerd pulls from a loopback registry in plain HTTP with no configuration.
+        proc = helm("install", RELEASE, f"oci://{pushed.chart}", "--plain-http", "-n", NAMESPACE, "--create-namespace",
+                    "--set", f"image.registry={registry}", "--set", "request=nic",
+                    *site_values(files, cluster, ports(), VERSION), "--wait", "--timeout", "300s",
+                    kubeconfig=cluster.kubeconfig, timeout=400)
+        assert f"Digest: {pushed.chart.split('@', 1)[1]}" in proc.stdout + proc.stderr, proc.stderr
+        _uid, images = running_image(cluster)
+        assert images == {pulled}
+        # The node pulled it: every blob of its platform is back, the image is named by the registry's reference,
+        # and the DaemonSet's containers report that reference as the image they run.
+        names, held = node_holds(cluster, pushed.digest, blobs)
+        assert pulled in names and held == blobs, (names, blobs - held)
+        pod = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=netclaim",
+                                         "-o", "json"))["items"][0]
+        statuses = pod["status"]["containerStatuses"] + pod["status"]["initContainerStatuses"]
+        assert {c["imageID"] for c in statuses} == {pulled}, statuses
+        repo_digests = {d for image in json.loads(cluster.crictl("images", "--digests", "-o", "json"))["images"]
+                        for d in image.get("repoDigests") or []}
+        assert pulled in repo_digests, sorted(repo_digests)
+
+        wait_until(lambda: files.chained(files.conflist), "netclaim chained into the primary conflist")
+        start_claimed_pod(cluster, ns, "a")
+        entry = published(cluster, ns, "a")
+        assert entry["networkData"]["interfaceName"] == "eth0"
+        assert entry["data"]["containerID"] == cluster.sandbox(ns, "a")["id"]
+    finally:
+        cluster.kubectl("delete", "pod", "a", "-n", ns, "--wait=true", "--timeout=120s", check=False, timeout=180)
+        uninstall_release(cluster, cluster.kubeconfig, 3000)
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
