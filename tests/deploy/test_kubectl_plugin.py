@@ -6,8 +6,11 @@ The plugin is one standard-library file: each run here copies nothing but it and
 
 The real-cluster cases share one cluster of their own (NETCLAIM_KPLUG_CLUSTER_DIR, default /tmp/nc-kplug) with
 the chart installed (the chart, not the systemd service: only the chart's publisher writes the node's heartbeat
-Lease and a ConfigMap naming its drivers, which `why` reads). Each case makes one situation and checks the
-verdict line `why` prints, and its exit code (0 all is well, 1 a cause). The publisher is stopped last.
+Lease and a ConfigMap naming its drivers, which `why` reads). Each case makes one situation the way it arises on a
+node (the publisher and the chain keeper report it themselves: no Event or Lease is made by hand) and checks the
+verdict line `why` prints, and its exit code (0 all is well, 1 a cause). A case that changes the node puts it back
+before the next (the unchained primary conflist) or comes late: the contest second to last, the stopped publisher
+last.
 """
 
 from __future__ import annotations
