@@ -147,12 +147,13 @@ class Controller:
         try:
             self.sync(key)
             self._retry.pop(key, None)
-        except ApiError as exc:
+        except Exception as exc:  # noqa: BLE001 - an API error, or a bug on one odd object: the worker goes on
             self.stats.failures += 1
             wait = min(RETRY_CAP, self._retry.get(key, RETRY_AFTER_FAILURE / 2) * 2)
             self._retry[key] = wait
             logs.get().warning("slices not written, trying again", extra={
-                "service": f"{key[0]}/{key[1]}", "error": str(exc)[:300], "retry_in": wait})
+                "service": f"{key[0]}/{key[1]}", "error": str(exc)[:300], "retry_in": wait},
+                exc_info=not isinstance(exc, ApiError))
             timer = threading.Timer(wait, lambda: None if stopping.is_set() else self.mark(key))
             timer.daemon = True
             timer.start()

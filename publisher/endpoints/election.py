@@ -79,7 +79,8 @@ class Election:
                 self._observed, self._observed_at = record, self.clock()
             duration = float(spec.get("leaseDurationSeconds") or self.duration)
             if holder and holder != self.identity and self.clock() - self._observed_at < duration:
-                return False  # held by another, and not yet expired as seen from here
+                logs.get().debug("lease held by another candidate", extra={"holder": holder})
+                return False  # not yet expired as seen from here
             taking = holder != self.identity
             lease["spec"] = self._spec(spec, taking)
             self._lease = self.kube.update_lease(self.namespace, self.name, lease)
