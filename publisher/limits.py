@@ -326,6 +326,9 @@ NODE_LEASE_SPREAD = 10.0  # a change is written after a random wait in [0, this]
 NODE_LEASE_LOOK = 5.0  # seconds between looks at the node's state (journal counts, the keeper's /readyz)
 NODE_LEASE_PREFIX = "netclaim-node-"  # the Lease is <prefix><node name> (the chart: <release name>-node-)
 NODE_LEASE_ERROR_CHARS = 256  # an apply error's message is cut to this in the Lease's annotation
+# The chain keeper's status line in the Lease's annotation and the fleet view: long enough for a conflist
+# path and the keeper's whole reason (a symlinked primary names its target), which 200 cut mid-word.
+NODE_LEASE_CHAIN_CHARS = 512
 KEEPER_ASK_TIMEOUT = 1.0  # seconds the publisher waits for the chain keeper's /readyz on the node's loopback
 # seconds a configured keeper may not answer before the Lease says `unreachable` (a start, a restart)
 KEEPER_SILENT_GRACE = 60.0

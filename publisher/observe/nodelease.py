@@ -97,12 +97,12 @@ def chain_view(line: str) -> ChainView:
     elif head.startswith("not chained"):
         chained = "no"
     else:
-        return ChainView(detail=line[:200])
+        return ChainView(detail=line[:limits.NODE_LEASE_CHAIN_CHARS])
     conflist = re.search(r"\bconflist=(\S+)", head)
     contested = re.search(r"\bcontested=(\S+)", head)
     name = conflist.group(1) if conflist else ""
     return ChainView(chained, "" if name == "-" else name,
-                     tuple(contested.group(1).split(",")) if contested else (), line[:200])
+                     tuple(contested.group(1).split(",")) if contested else (), line[:limits.NODE_LEASE_CHAIN_CHARS])
 
 
 # The keeper listens on this node: its probe never goes through the HTTP_PROXY / http_proxy a
@@ -132,8 +132,8 @@ def ask_keeper(address: str, timeout: float = limits.KEEPER_ASK_TIMEOUT) -> Chai
         return ChainView(detail=f"chain keeper unreachable at {address}: {type(exc).__name__}",
                          keeper=KEEPER_UNREACHABLE)
     line = said.decode("utf-8", "replace").strip()
-    return ChainView(detail=f"not believed: {address} is a TCP port any local account can answer on (give "
-                            f"--keeper-socket); it said: {line}"[:200], keeper=KEEPER_ANSWERED)
+    detail = f"not believed: {address} is a TCP port any local account can answer on (give --keeper-socket); it said: "
+    return ChainView(detail=(detail + line)[:limits.NODE_LEASE_CHAIN_CHARS], keeper=KEEPER_ANSWERED)
 
 
 def _ask_socket(path: str, timeout: float) -> ChainView:

@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from click.testing import CliRunner
 from kubernetes import client
 
 from publisher import cli, limits
+from publisher.keeper.conflist import MaintainedElsewhere
 from publisher.keeper.keeper import KeeperStatus
 from publisher.kube.calls import NotFound, PermanentError, TransientError
 from publisher.observe import fleet as fleetmod
@@ -57,6 +59,17 @@ def test_the_lease_reads_what_the_keepers_status_line_says(status: KeeperStatus,
                                                            contested: tuple[str, ...]) -> None:
     view = chain_view(status.line())
     assert (view.chained, view.conflist, view.contested) == (chained, conflist, contested)
+
+
+def test_the_lease_keeps_the_keepers_whole_reason_for_a_symlinked_primary() -> None:
+    """The keeper's longest real line: a symlinked primary under a deep conf dir names its target and the fix.
+    Cut at 200 characters it ended mid-word, before the fix; the operator reads it in `fleet` and `why`."""
+    refused = MaintainedElsewhere(Path("/etc/cni/net.d/10-primary.conflist"),
+                                  "/var/lib/config-management/rendered/cni/primary-network-of-this-pool.conflist")
+    line = KeeperStatus("10-primary.conflist", False, problem=str(refused)).line()
+    assert len(line) > 200, "the positive control: a line the old cut shortened"
+    view = chain_view(line)
+    assert view.chained == "no" and view.detail.endswith("or make this a regular file)"), view.detail
 
 
 # ---------------------------------------------------------------- when and how the Lease is written
