@@ -100,8 +100,9 @@ class World:
     def write(self, i: int, ready: bool) -> None:
         name = self.name(i)
         self.res.patch_namespaced_resource_claim_status(name, self.ns, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": self.ns},
-            "status": {"devices": [_entry(i, ready)]}}, field_manager="netclaim/node-a", _content_type=APPLY)
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": self.ns}, "status": {"devices": [_entry(i, ready)]}},
+            field_manager="netclaim/node-a", _content_type=APPLY)
 
     def slice_of(self, i: int) -> dict[str, Any]:
         resp = self.disc.read_namespaced_endpoint_slice(f"web-netclaim-ipv4-{i // 100}", self.ns,
@@ -150,10 +151,11 @@ def bare_apply_ms(world: World, body: dict[str, Any], times: int = 20) -> list[f
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from runtime import controlplane
+
     from publisher.endpoints.api import EndpointsKube
     from publisher.endpoints.controller import Controller
     from publisher.kube.calls import load_client
-    from runtime import controlplane
 
     handle = controlplane.up()
     api = controlplane.api_client(handle.kubeconfig)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import pytest
-
 from endpoints_kit import Controller
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-
 from publisher_testkit import BIN, DRIVER, Cluster
 
 SLICE_MANAGER = "endpointslice.kubernetes.io/managed-by=netclaim"

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 
-from kubernetes import client
-
 from endpoints_kit import (
     annotated_service,
     endpoint_slices,
@@ -21,6 +19,7 @@ from endpoints_kit import (
     server_pod,
     write_entries,
 )
+from kubernetes import client
 from publisher_testkit import wait_until
 
 
