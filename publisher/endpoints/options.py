@@ -10,9 +10,11 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
+
+from publisher.clioptions import stacked
 
 DEFAULT_LEASE = "netclaim-endpoints"
 
@@ -45,11 +47,8 @@ OPTIONS = [
 ]
 
 
-def options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The controller's options, in the order --help shows them."""
-    for opt in reversed(OPTIONS):
-        command = opt(command)
-    return command
+options = stacked(OPTIONS)
+"""The controller's options, in the order --help shows them."""
 
 
 @dataclass(frozen=True)
