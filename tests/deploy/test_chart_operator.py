@@ -101,9 +101,9 @@ def as_template(line: str) -> list[str]:
     assert words[0] == "helm" and words[1] in ("install", "template", "upgrade"), words
     release, chart, rest = words[2], words[3], words[4:]
     # The chart directory, a release's package of it (`helm package conf/helm/netclaim`) or that package pushed to
-    # a registry (`oci://.../charts/netclaim --version V`): rendered from the tree.
+    # a registry (`oci://.../charts/netclaim@sha256:DIGEST` or `--version V`): rendered from the tree.
     assert (chart == "conf/helm/netclaim" or re.fullmatch(r"netclaim-[0-9][-.+0-9A-Za-z]*\.tgz", chart)
-            or re.fullmatch(r"oci://[^ ]+/charts/netclaim", chart)), line
+            or re.fullmatch(r"oci://[^ @]+/charts/netclaim(@sha256:(\.\.\.|[0-9a-f]{64}))?", chart)), line
     args = ["template", release, str(CHART)]
     drop_with_value = {"--timeout", "--version"}
     drop = {"--create-namespace", "--wait", "--atomic", "--install"}

@@ -125,7 +125,8 @@ CANNOT_RUN_HERE = {
         "lane c's release cost",
     r"^COSIGN_PASSWORD=\S+ scripts/release\.sh \S+ --push |^cosign |^helm install \S+ oci://registry\.example\.com/":
         "the reader's registry and the project's signing key (placeholders): test_release_registry.py pushes a "
-        "release to a real registry on the loopback, signs it, verifies it with cosign and pulls the chart from it",
+        "release to a real registry on the loopback, signs it, verifies it with cosign, pulls the chart from it "
+        "and installs it by digest on a real node",
     r"--set cni\.conflist=10-aws\.conflist": "Amazon EKS's node layout and the reader's registry and digest "
                                              "(placeholders): none of it is on this machine",
 }
