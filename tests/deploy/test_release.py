@@ -409,6 +409,22 @@ def start_claimed_pod(cluster: RealCluster, ns: str, name: str) -> None:
     cluster.pod(ns, name, claim=f"{name}-net")
 
 
+def a_claimed_pod_is_published(cluster: RealCluster, files: NodeFiles, ns: str) -> None:
+    """Once the install has chained the node, a claimed pod started on it gets the entry of its sandbox's eth0."""
+    wait_until(lambda: files.chained(files.conflist), "netclaim chained into the primary conflist")
+    start_claimed_pod(cluster, ns, "a")
+    entry = published(cluster, ns, "a")
+    assert entry["networkData"]["interfaceName"] == "eth0"
+    assert entry["data"]["containerID"] == cluster.sandbox(ns, "a")["id"]
+
+
+def remove_install(cluster: RealCluster, ns: str) -> None:
+    """The pod of a_claimed_pod_is_published, the release and the namespace go, for the next install on the cluster."""
+    cluster.kubectl("delete", "pod", "a", "-n", ns, "--wait=true", "--timeout=120s", check=False, timeout=180)
+    uninstall_release(cluster, cluster.kubeconfig, 3000)
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
 def published(cluster: RealCluster, ns: str, name: str) -> dict[str, Any]:
     """The pod's one Ready entry with addresses, once it is there."""
     cluster.wait_running(ns, name, timeout=180)
@@ -441,15 +457,9 @@ def test_the_released_chart_installs_by_digest_and_publishes(release: Release, c
              kubeconfig=cluster.kubeconfig, timeout=400)
         _uid, images = running_image(cluster)
         assert images == {f"netclaim@{digest}"}
-        wait_until(lambda: files.chained(files.conflist), "netclaim chained into the primary conflist")
-        start_claimed_pod(cluster, ns, "a")
-        entry = published(cluster, ns, "a")
-        assert entry["networkData"]["interfaceName"] == "eth0"
-        assert entry["data"]["containerID"] == cluster.sandbox(ns, "a")["id"]
+        a_claimed_pod_is_published(cluster, files, ns)
     finally:
-        cluster.kubectl("delete", "pod", "a", "-n", ns, "--wait=true", "--timeout=120s", check=False, timeout=180)
-        uninstall_release(cluster, cluster.kubeconfig, 3000)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        remove_install(cluster, ns)
 
 
 # ---------------------------------------------------------------- the upgrade from the previous release

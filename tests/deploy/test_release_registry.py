@@ -43,8 +43,8 @@ import pytest
 import requests
 from chartlib import helm
 from deploylib import REPO
-from test_daemonset_cluster import NAMESPACE, RELEASE, NodeFiles, uninstall_release
-from test_release import ctr, ports, published, running_image, site_values, start_claimed_pod
+from test_daemonset_cluster import NAMESPACE, RELEASE, NodeFiles
+from test_release import a_claimed_pod_is_published, ctr, ports, remove_install, running_image, site_values
 
 import cni_plugin
 
@@ -303,12 +303,6 @@ def test_installed_from_the_registry_by_digest_the_node_pulls_the_image_and_publ
                         for d in image.get("repoDigests") or []}
         assert pulled in repo_digests, sorted(repo_digests)
 
-        wait_until(lambda: files.chained(files.conflist), "netclaim chained into the primary conflist")
-        start_claimed_pod(cluster, ns, "a")
-        entry = published(cluster, ns, "a")
-        assert entry["networkData"]["interfaceName"] == "eth0"
-        assert entry["data"]["containerID"] == cluster.sandbox(ns, "a")["id"]
+        a_claimed_pod_is_published(cluster, files, ns)
     finally:
-        cluster.kubectl("delete", "pod", "a", "-n", ns, "--wait=true", "--timeout=120s", check=False, timeout=180)
-        uninstall_release(cluster, cluster.kubeconfig, 3000)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        remove_install(cluster, ns)
