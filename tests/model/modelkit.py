@@ -42,6 +42,7 @@ sys.path.append(str(REPO / "scripts" / "harness" / "runtime"))
 sys.path.append(str(REPO / "tests" / "publisher"))
 import identity  # noqa: E402  (scripts/harness/runtime/identity.py: the shipped node identity)
 from publisher_testkit import Publisher  # noqa: E402  (tests/publisher: the publisher subprocess)
+from runtime.dataschema import check_entries  # noqa: E402  (put on the path by publisher_testkit)
 
 BIN = Path(sys.executable).parent
 DRIVER = "net.example.com"
@@ -521,9 +522,10 @@ class Model:
 
 
 def observed_devices(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Our driver's entries in the same shape as Model.expected_devices (duplicates kept visible)."""
+    """Our driver's entries in the same shape as Model.expected_devices (duplicates kept visible); each
+    entry's data held to its shipped schema first (scripts/harness/runtime/dataschema.py)."""
     out: dict[str, dict[str, Any]] = {}
-    for e in entries:
+    for e in check_entries(entries):
         if e.get("driver") != DRIVER:
             continue
         net = e.get("networkData") or {}
