@@ -96,6 +96,8 @@
 # <that>-1 ... <that>-N), NETCLAIM_NODE_GRACE (`up --nodes N`: kube-controller-manager's
 # --node-monitor-grace-period, default 16s; the kubelets renew their leases every 2 s),
 # NETCLAIM_DRA_DEVICES (devices the DRA driver publishes, default 8),
+# NETCLAIM_CLUSTER_FEATURE_GATES (`up` on the newest minor: feature gates of all four Kubernetes components, e.g.
+# "GenericWorkload=true,DRAWorkloadResourceClaims=true" for KEP-5729's PodGroup claims; harness/cluster/controllers.sh),
 # NETCLAIM_PUBLISHER_WRAPPER (tests: an executable the publisher is started through, which must
 # `exec "$@"` so the pid file stays the publisher's; the soak uses it to show the publisher another
 # boot id and clock).
@@ -142,7 +144,11 @@ for part in common host node crio controllers netclaim networks dranet multus vf
 done
 
 # `up --nodes N` and every command on a cluster it started: scripts/harness/cluster/nodes.sh.
-if wants_multi_node "$@"; then multi_node_main "$@"; exit; fi
+if wants_multi_node "$@"; then
+    [[ "${1:-}" != up || -z "${NETCLAIM_CLUSTER_FEATURE_GATES:-}" ]] \
+        || die "NETCLAIM_CLUSTER_FEATURE_GATES: the single-node cluster only (not with --nodes)"
+    multi_node_main "$@"; exit
+fi
 
 case "${1:-}" in
     up) shift; parse_network_options "$@"; vf_driver_option; runtime_option; kube_version_option; cmd_up_maybe_multus "${UP_ARGS[@]}"
@@ -163,7 +169,7 @@ case "${1:-}" in
     containerd-start) cmd_containerd_start ;;
     crio-stop) load_state; [[ "$RUNTIME" == crio ]] || die "$1: the node runs $RUNTIME"; stop_pid crio ;;   # conmons and pods keep running
     crio-start) cmd_crio_start ;;
-    apiserver-stop|apiserver-start) load_state; "$HERE/control-plane.sh" "$1" >/dev/null ;;
+    apiserver-stop|apiserver-start) load_state; export_apiserver_gates; "$HERE/control-plane.sh" "$1" >/dev/null ;;
     chain-keeper-start) load_state; alive "$DIR/chain-keeper.pid" || start_chain_keeper ;;
     chain-keeper-stop) load_state; stop_pid chain-keeper ;;
     dranet-start) load_state; start_dranet ;;

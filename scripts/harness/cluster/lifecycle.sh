@@ -24,6 +24,7 @@ cmd_up() { # cmd_up [--with-dranet]
         networks_match
         runtime_match
         kube_version_match
+        feature_gates_match
         node_untainted || die "cluster in $DIR runs but node $NODE is not Ready (see $DIR/*.log)"
         # A cluster an older cluster.sh started: its kubelet serves on 127.0.0.1, out of kube-apiserver's reach.
         kubelet_serves_node_ip || die "the kubelet in $DIR serves on 127.0.0.1 only (an older cluster.sh started it):" \
@@ -38,6 +39,7 @@ cmd_up() { # cmd_up [--with-dranet]
     fi
     [[ -f "$STATE" ]] && { log "a previous cluster in $DIR is half up: taking it down first"; cmd_down_locked; mkdir -p "$DIR"; }
     local t0=$SECONDS
+    feature_gates_option
     binaries
     crio_binaries
     NODE_IP="$(node_ip)"
@@ -53,7 +55,7 @@ cmd_up() { # cmd_up [--with-dranet]
     chmod 600 "$STATE"
     for v in NODE NODE_IP SUBNET KUBELET_PORT KUBELET_HEALTHZ_PORT VARLIB_KUBELET_CREATED \
              VARLOG_CONTAINERS_CREATED KUBELET SCHEDULER KCM KUBECTL DRA_DRIVER CONTAINERD SHIM CTR CRICTL RUNC \
-             WITH_DRANET KUBE_MINOR KUBE_VERSION; do
+             WITH_DRANET KUBE_MINOR KUBE_VERSION FEATURE_GATES; do
         save_var "$v"
     done
     save_network_state
@@ -63,6 +65,7 @@ cmd_up() { # cmd_up [--with-dranet]
     make_cgroups
 
     log "control plane (etcd, kube-apiserver) in $CP_DIR"
+    export_apiserver_gates
     "$HERE/control-plane.sh" up >/dev/null
     state_source "$CP_DIR/ports.env"
     save_var APISERVER_PORT

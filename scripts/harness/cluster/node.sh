@@ -233,6 +233,7 @@ resolvConf: /etc/resolv.conf
 podLogsDir: $DIR/pod-logs
 volumePluginDir: $KROOT/volume-plugins
 registerNode: true
+$(kubelet_gates_yaml)
 EOF
 }
 
