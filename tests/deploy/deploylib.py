@@ -131,10 +131,11 @@ __all__ = [
 ]
 
 
-def own_cluster(env_var: str, default_dir: str) -> Iterator[Any]:
+def own_cluster(env_var: str, default_dir: str, env: dict[str, str] | None = None) -> Iterator[Any]:
     """A real cluster in a directory of its own for one test module (`up` is a no-op when it is up
     already), brought down afterwards unless NETCLAIM_CLUSTER_KEEP; a cluster that cannot start
-    fails the module with the reason."""
+    fails the module with the reason. `env`: cluster.sh settings the module's cluster is started with
+    (NETCLAIM_CLUSTER_FEATURE_GATES)."""
     import pytest
     from runtime.realcluster import ClusterError, RealCluster
 
@@ -142,7 +143,7 @@ def own_cluster(env_var: str, default_dir: str) -> Iterator[Any]:
         pytest.fail("the real cluster needs root", pytrace=False)
     directory = os.environ.get(env_var, default_dir)
     try:
-        real = RealCluster.up(directory, {**os.environ, "NETCLAIM_CLUSTER_DIR": directory})
+        real = RealCluster.up(directory, {**os.environ, **(env or {}), "NETCLAIM_CLUSTER_DIR": directory})
     except ClusterError as exc:
         pytest.fail(f"the real cluster could not start: {exc}", pytrace=False)
     yield real

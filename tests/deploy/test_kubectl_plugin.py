@@ -9,8 +9,12 @@ the chart installed (the chart, not the systemd service: only the chart's publis
 Lease and a ConfigMap naming its drivers, which `why` reads). Each case makes one situation the way it arises on a
 node (the publisher and the chain keeper report it themselves: no Event or Lease is made by hand) and checks the
 verdict line `why` prints, and its exit code (0 all is well, 1 a cause). A case that changes the node puts it back
-before the next (the unchained primary conflist) or comes late: the contest second to last, the stopped publisher
+before the next (the unchained primary conflist) or comes late: the contest third to last, the stopped publisher
 last.
+
+The cluster runs with Kubernetes 1.37's workload gates on in all four components (GenericWorkload and
+DRAWorkloadResourceClaims, NETCLAIM_CLUSTER_FEATURE_GATES of scripts/cluster.sh): every case holds with them, and
+one shares a claim among the pods of a PodGroup (KEP-5729), reserved for the group by the scheduler itself.
 """
 
 from __future__ import annotations
@@ -41,11 +45,12 @@ from deploylib import REPO, own_cluster
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
 from datetime import UTC
 
-from runtime.realcluster import RealCluster, entries_of, ready_status, wait_until
+from runtime.realcluster import RealCluster, entries_of, pod_manifest, ready_status, wait_until
 
 PLUGIN = REPO / "scripts" / "operator" / "kubectl-netclaim"
 NAMESPACE = "netclaim-system"
 OTHER_DRIVER = "gpu.example.com"
+WORKLOAD_GATES = "GenericWorkload=true,DRAWorkloadResourceClaims=true"
 
 
 def kubectl_binary() -> str:
@@ -117,7 +122,8 @@ def test_the_bundle_scrubber_removes_a_bearer_token_and_a_pem_key() -> None:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RealCluster]:
-    yield from own_cluster("NETCLAIM_KPLUG_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-kplug"))
+    yield from own_cluster("NETCLAIM_KPLUG_CLUSTER_DIR", os.path.join(tempfile.gettempdir(), "nc-kplug"),
+                           env={"NETCLAIM_CLUSTER_FEATURE_GATES": WORKLOAD_GATES})
 
 
 @pytest.fixture(scope="module")
@@ -435,11 +441,11 @@ def another_writer(path: Path, content: bytes) -> Iterator[None]:
 
 def test_why_names_a_chain_another_writer_keeps_undoing(plugin_dir: Path, installed: RealCluster, ns: str,
                                                         healthy: dict[str, Any]) -> None:
-    """Second to last. Another writer undoes each of the keeper's edits of the primary conflist: after a few
+    """Third to last. Another writer undoes each of the keeper's edits of the primary conflist: after a few
     writes in a minute the keeper calls the conflist contested and backs off (so the node is also not chained):
     `why` names the contest, not the missing entry. Once the writer stops, the keeper's next retry chains
-    netclaim again (the Lease says contested until a minute passes without a keeper write: the stale case that
-    follows does not mind)."""
+    netclaim again (the Lease says contested until a minute passes without a keeper write: the PodGroup case
+    that follows waits for `why` to say OK, the stale case does not mind)."""
     from test_daemonset_cluster import NodeFiles
 
     files = NodeFiles(installed)
@@ -448,6 +454,58 @@ def test_why_names_a_chain_another_writer_keeps_undoing(plugin_dir: Path, instal
     wait_until(lambda: files.chained(files.conflist), "the keeper's retry chaining netclaim again", timeout=180)
     assert code == 1 and out.startswith(f"CAUSE: node {installed.node}: contested: {files.conflist.name}"), out
     assert "FIX: docs/troubleshooting.md 'The chain is contested': stop the other writer" in out, out
+
+
+def group_pod(cluster: RealCluster, ns: str, name: str, group: str, claim: str) -> None:
+    """A pod of PodGroup `group` that uses the group's claim (the same name and claim as the group lists)."""
+    pod = pod_manifest(ns, name, claim=claim)
+    pod["spec"]["schedulingGroup"] = {"podGroupName": group}
+    cluster.apply(pod)
+
+
+def shows(cluster: RealCluster, ns: str, claim: str, pod: str) -> dict[str, Any] | None:
+    """The claim's one entry of netclaim's driver when it is Ready=True and carries the pod's eth0 (MAC, IPs)."""
+    mine = entries_of(cluster.claim_yaml(ns, claim), cluster.driver)
+    if len(mine) != 1 or ready_status(mine[0]) != "True":
+        return None
+    data, live = mine[0].get("networkData") or {}, cluster.interface(ns, pod, "eth0")
+    same = (str(data.get("hardwareAddress", "")).lower() == live.mac and data.get("ips")
+            and set(data["ips"]) <= set(live.cidrs))
+    return mine[0] if same else None
+
+
+def test_a_podgroups_two_pods_share_a_claim_and_each_pods_interface_is_published(plugin_dir: Path,
+                                                                                 installed: RealCluster,
+                                                                                 ns: str) -> None:
+    """KEP-5729 done by the cluster itself: a PodGroup lists one claim of netclaim's driver (one device), and two
+    pods of the group use it. The scheduler reserves the claim for the group, not for a pod (the gates really
+    are on), the kubelet runs both pods on the one device, and the claim's single entry for that device shows
+    the newest sandbox: the first pod's eth0, then, once the second runs, the second's. `why` says OK for each
+    pod, and `status` of the claim names the group it is reserved for."""
+    installed.claim(ns, "team")
+    installed.apply({"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                     "metadata": {"name": "team", "namespace": ns},
+                     "spec": {"schedulingPolicy": {"basic": {}},
+                              "resourceClaims": [{"name": "net", "resourceClaimName": "team"}]}})
+    group = installed.get("podgroup", "team", ns)
+    group_pod(installed, ns, "team-a", "team", "team")
+    installed.wait_running(ns, "team-a", timeout=180)
+    wait_until(lambda: shows(installed, ns, "team", "team-a"), "the claim's entry showing team-a's eth0",
+               timeout=120)
+    group_pod(installed, ns, "team-b", "team", "team")
+    installed.wait_running(ns, "team-b", timeout=180)
+    wait_until(lambda: shows(installed, ns, "team", "team-b"), "the claim's entry showing team-b's eth0 (the "
+               "newest sandbox)", timeout=120)
+    claim = installed.get("resourceclaim", "team", ns)
+    assert claim["status"]["reservedFor"] == [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups",
+                                               "name": "team", "uid": group["metadata"]["uid"]}], claim["status"]
+    assert installed.interface(ns, "team-a").mac != installed.interface(ns, "team-b").mac
+    for pod in ("team-a", "team-b"):
+        # The contest case before this one leaves the Lease saying contested for up to a minute.
+        code, out = verdict_until(plugin_dir, installed, ns, pod, "OK: ", timeout=240)
+        assert code == 0 and out.startswith(f"OK: pod {pod}"), out
+    proc = run_plugin(plugin_dir, "status", "resourceclaim/team", "-n", ns, kubeconfig=installed.kubeconfig)
+    assert proc.returncode == 0 and "claim team: reserved for podgroup/team" in proc.stdout, proc.stdout + proc.stderr
 
 
 def publisher_pid(cluster: RealCluster) -> int:
