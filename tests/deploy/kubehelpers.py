@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from deploylib import CONF, DRIVER, load_yaml_docs
 
+from runtime.dataschema import check_entries  # noqa: E402
 from runtime.identity import bound_token, ensure_node, jwt_claims, token_review  # noqa: E402,F401  (one copy, shared with the demo)
 
 MERGE = "application/merge-patch+json"
@@ -188,8 +189,9 @@ def apply_status(api: client.ApiClient, claim: Claim, devices: list[dict[str, An
 
 
 def status_devices(api: client.ApiClient, claim: Claim) -> list[dict[str, Any]]:
+    """The claim's entries, each netclaim `data` among them held to its shipped schema (runtime/dataschema.py)."""
     got = client.ResourceV1Api(api).read_namespaced_resource_claim(claim.name, claim.namespace)
-    return [d.to_dict() for d in (got.status.devices or [])]
+    return check_entries([d.to_dict() for d in (got.status.devices or [])])
 
 
 def assert_driver_refusal(exc: ApiException, driver: str) -> None:
