@@ -273,6 +273,52 @@ def test_why_names_an_entry_that_is_not_ready_and_what_it_means(plugin_dir: Path
     assert "FIX: the interface is administratively down" in out, out
 
 
+EXTENDED_RESOURCE = "example.com/nic"
+
+
+def test_why_names_the_request_a_claim_for_an_extended_resource_cannot_have(plugin_dir: Path,
+                                                                            installed: RealCluster, ns: str) -> None:
+    """DRA extended resources (KEP-5004): a DeviceClass of netclaim's driver's devices names an extended resource,
+    and a pod asks for one in its container's resources, with no claim in its spec. The scheduler makes the claim
+    itself, names it in the pod's status.extendedResourceClaimStatus and names its request itself
+    (container-0-request-0). netclaim's entry, as the chart installs it, publishes request `nic` only, so the claim
+    gets no entry: `status` lists the claim's device from the pod, and `why` names that request, not a missing
+    Warning. The class and the pod go at the end (the device back to the node)."""
+    installed.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nc-extended"},
+                     "spec": {"extendedResourceName": EXTENDED_RESOURCE,
+                              "selectors": [{"cel": {"expression": f'device.driver == "{installed.driver}"'}}]}})
+    pod = pod_manifest(ns, "extended")
+    pod["spec"]["containers"][0]["resources"] = {"limits": {EXTENDED_RESOURCE: "1"},
+                                                 "requests": {EXTENDED_RESOURCE: "1"}}
+    try:
+        installed.apply(pod)
+        installed.wait_running(ns, "extended", timeout=180)
+        status = installed.get("pod", "extended", ns)["status"]
+        made = status.get("extendedResourceClaimStatus") or {}
+        claim = made.get("resourceClaimName", "")
+        assert claim and not status.get("resourceClaimStatuses"), status  # the scheduler's claim, the pod's only
+        (mapping,) = made["requestMappings"]
+        assert (mapping["containerName"], mapping["resourceName"]) == ("app", EXTENDED_RESOURCE), made
+        allocation = installed.get("resourceclaim", claim, ns)["status"]
+        (result,) = allocation["allocation"]["devices"]["results"]
+        assert result["driver"] == installed.driver and result["request"] == mapping["requestName"], result
+        assert [r["name"] for r in allocation["reservedFor"]] == ["extended"], allocation
+        proc = run_plugin(plugin_dir, "status", "extended", "-n", ns, "-o", "json", kubeconfig=installed.kubeconfig)
+        assert proc.returncode == 0, proc.stderr
+        (listed,) = json.loads(proc.stdout)["claims"]
+        (device,) = listed["devices"]
+        assert listed["claim"] == claim and device["device"] == f"{result['pool']}/{result['device']}", listed
+        assert device["request"] == result["request"], device
+        code, out = verdict_until(plugin_dir, installed, ns, "extended", "extended resources")
+        assert code == 1 and out.startswith(f"CAUSE: claim {claim} is the one the scheduler made for the pod's "
+                                            f"extended resources ({EXTENDED_RESOURCE})"), out
+        assert f"request '{result['request']}'" in out and "publishes only request 'nic'" in out, out
+        assert "FIX: on nodes with one network, install netclaim with the chart's `request` empty" in out, out
+    finally:
+        installed.kubectl("delete", "pod", "extended", "-n", ns, "--ignore-not-found", timeout=180, check=False)
+        installed.kubectl("delete", "deviceclass", "nc-extended", "--ignore-not-found", check=False)
+
+
 NAD_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
     "metadata": {"name": "network-attachment-definitions.k8s.cni.cncf.io"},
