@@ -257,8 +257,9 @@ def test_the_spool_cap_set_through_the_chart_holds_on_the_node(cluster: RealClus
     """`cni.pluginSpoolMaxFiles=2` (and `cni.pluginHandoffWaitMs=0`: a full spool costs a pod start nothing) with
     the publisher unreachable: it listens elsewhere and reads another spool (`publisher.extraArgs`), so it neither
     takes the plugin's events nor drains its spool. The keeper writes the chart's values into the node's entry as
-    integers; three claimed pods start, the spool holds the first two pods' events and the overflow marker
-    counts the third. With the publisher back on its socket, the two spooled events give their claims status."""
+    integers; three claimed pods start, the spool holds the first two events (pod a's first: a loaded node may
+    start a pod's sandbox twice, each start its own ADD) and the overflow marker counts the rest. With the
+    publisher back on its socket, the spooled events give their pods' claims status."""
     files = NodeFiles(cluster)
     before = files.snapshot()
     assert not files.chained(files.conflist), "netclaim must not be installed before the chart"
@@ -282,13 +283,14 @@ def test_the_spool_cap_set_through_the_chart_holds_on_the_node(cluster: RealClus
 
         for name in ("a", "b", "c"):  # one after the other: concurrent ADDs may overshoot a cap by their number
             start_claimed_pod(cluster, ns, name)
-        assert spooled_pods(spool) == ["a", "b"]
+        spooled = spooled_pods(spool)
+        assert len(spooled) == 2 and spooled[0] == "a" and set(spooled) <= {"a", "b"}, spooled
         overflow = wire_spool.read_overflow(str(spool))
         assert overflow and overflow["dropped"] >= 1 and overflow["lastCommand"] == "ADD", overflow
 
         helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *chart, "--wait", "--timeout", "300s",
              kubeconfig=kubeconfig, timeout=400)
-        for name in ("a", "b"):
+        for name in sorted(set(spooled)):
             assert claim_gets_status(cluster, ns, name)["networkData"]["ips"], name
         wait_until(lambda: not spooled_pods(spool), "the publisher to take the spooled events")
     finally:
