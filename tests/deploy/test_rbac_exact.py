@@ -164,6 +164,17 @@ class Publisher:
         return out
 
 
+def with_role(control_plane: Any, api: Any, dyn: Any, ns: str, docs: list[dict[str, Any]], tmp_root: Path) -> str:
+    """The chart's RBAC documents applied in `ns`; a kubeconfig of their ServiceAccount's Node-bound token."""
+    node = ensure_node(api, "node-a")
+    create_namespace(api, ns)
+    for doc in docs:
+        apply_object(dyn, doc, "netclaim-rbac-test", dry_run=False)
+    sa = by_kind(docs, "ServiceAccount")[0]["metadata"]["name"]
+    token = token_request(api, ns, sa, node, "Node", seconds=900)
+    return control_plane.kubeconfig_for_token(token, tmp_root / "kubeconfig")
+
+
 @pytest.fixture()
 def node_a(control_plane, tmp_root: Path) -> Iterator[dict[str, Any]]:
     api = control_plane.api_client()
@@ -172,13 +183,7 @@ def node_a(control_plane, tmp_root: Path) -> Iterator[dict[str, Any]]:
     ns = f"ncexact-{sfx}"
     docs = chart_rbac(ns, f"netclaim-{sfx}")
     try:
-        node = ensure_node(api, "node-a")
-        create_namespace(api, ns)
-        for doc in docs:
-            apply_object(dyn, doc, "netclaim-rbac-test", dry_run=False)
-        sa = by_kind(docs, "ServiceAccount")[0]["metadata"]["name"]
-        token = token_request(api, ns, sa, node, "Node", seconds=900)
-        kubeconfig = control_plane.kubeconfig_for_token(token, tmp_root / "kubeconfig")
+        kubeconfig = with_role(control_plane, api, dyn, ns, docs, tmp_root)
         # The node's heartbeat Lease, under the chart's Role and admission policy (the DaemonSet's arguments).
         lease = ("--node-lease-namespace", ns, "--node-lease-prefix", f"netclaim-{sfx}-node-",
                  "--node-lease-period", "2")
@@ -383,13 +388,7 @@ def test_the_endpoints_controller_under_its_chart_role_writes_slices_with_no_403
     docs = endpoints_rbac(ns, f"netclaim-{sfx}")
     proc = None
     try:
-        node = ensure_node(api, "node-a")
-        create_namespace(api, ns)
-        for doc in docs:
-            apply_object(dyn, doc, "netclaim-rbac-test", dry_run=False)
-        sa = by_kind(docs, "ServiceAccount")[0]["metadata"]["name"]
-        kubeconfig = control_plane.kubeconfig_for_token(token_request(api, ns, sa, node, "Node", seconds=900),
-                                                        tmp_root / "kubeconfig")
+        kubeconfig = with_role(control_plane, api, dyn, ns, docs, tmp_root)
         pod = create_pod(api, ns, "web", "node-a", claim="claim-a")
         client.CoreV1Api(api).patch_namespaced_pod("web", ns, {"metadata": {"labels": {"app": "web"}}})
         result = {"request": "nic", "driver": DRIVER, "pool": "node-a", "device": "nic0"}
