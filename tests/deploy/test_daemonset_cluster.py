@@ -247,6 +247,13 @@ def test_daemonset_install_rechain_upgrade_uninstall(cluster: RealCluster, image
 # ---------------------------------------------------------------- the plugin's settings from the chart
 
 
+def keeper_observed_its_daemonset(cluster: RealCluster) -> bool:
+    """The one DaemonSet pod's chain keeper has logged its first look at its own DaemonSet."""
+    name = (daemonset_pod(cluster).get("metadata") or {}).get("name")
+    return bool(name) and "own DaemonSet observed" in cluster.kubectl("logs", "-n", NAMESPACE, name, "-c",
+                                                                      "chain-keeper", check=False)
+
+
 def spooled_pods(spool: Path) -> list[str]:
     """The pods whose events wait in the plugin's spool on the node, oldest first."""
     events = [wire_spool.read_spool(path) for path in wire_spool.list_spool(str(spool))]
@@ -293,6 +300,10 @@ def test_the_spool_cap_set_through_the_chart_holds_on_the_node(cluster: RealClus
         for name in sorted(set(spooled)):
             assert claim_gets_status(cluster, ns, name)["networkData"]["ips"], name
         wait_until(lambda: not spooled_pods(spool), "the publisher to take the spooled events")
+        # The upgraded pod's keeper has looked at its DaemonSet before the uninstall below: an uninstall in the
+        # seconds before that first look leaves the node chained (the keeper cannot tell it from an upgrade).
+        wait_until(lambda: keeper_observed_its_daemonset(cluster), "the upgraded keeper to observe its DaemonSet",
+                   timeout=180)
     finally:
         for name in ("a", "b", "c"):
             cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=true", "--timeout=120s", check=False,
