@@ -168,6 +168,7 @@ class Event(_Record):
         "netns": "",
         "network": "",
         "request": "",
+        "extended_resource": "",
         "device_id": "",
         "pod": None,
         "result": None,
@@ -189,6 +190,9 @@ class Event(_Record):
     netns: str
     network: str
     request: str
+    # The DRA extended resource (e.g. example.com/nic) whose device this attachment also is when the
+    # pod asked for it in its containers' resources: the scheduler's claim names its requests itself.
+    extended_resource: str
     device_id: str  # normalised (cni_plugin/wire/deviceid.py); "" when the meta plugin gave none
     pod: PodRef | None
     result: dict | None
@@ -219,6 +223,8 @@ class Event(_Record):
         out = {name: getattr(self, name) for name in self.FIELDS}
         if not self.device_id:  # sent only when there is one: every other event stays as before
             del out["device_id"]
+        if not self.extended_resource:  # likewise: an entry without one sends what it always did
+            del out["extended_resource"]
         if not self.unusable_ips:  # likewise: an older publisher never sees it unless there is news in it
             del out["unusable_ips"]
         if self.pod is not None:
@@ -245,7 +251,7 @@ class Event(_Record):
                 raise WireError(f"event field {name!r} must be a non-empty string")
         if data["op"] not in OPS:
             raise WireError(f"event op {data['op']!r} is not one of {', '.join(OPS)}")
-        for name in ("netns", "network", "request", "device_id", "check_error", "cni_version", "event_id"):
+        for name in ("netns", "network", "request", "extended_resource", "device_id", "check_error", "cni_version", "event_id"):
             if name in data and not isinstance(data[name], str):
                 raise WireError(f"event field {name!r} must be a string")
         pod = data.get("pod")
