@@ -100,7 +100,10 @@ MIGRATIONS = (("attachments", "stamp", "TEXT NOT NULL DEFAULT ''"),
               # The schema version of the release that last wrote the row (or took it over at an
               # upgrade); 0, the default: a release that does not know this column (0.1.0), so a
               # row an older release wrote after a rollback is told apart (publisher/journal/compat.py).
-              ("attachments", "writer", "INTEGER NOT NULL DEFAULT 0"))
+              ("attachments", "writer", "INTEGER NOT NULL DEFAULT 0"),
+              # The DRA extended resource the plugin's entry names: on reallocation of the claim
+              # the scheduler made for it, the attachment goes to that resource's device again.
+              ("attachments", "extended_resource", "TEXT NOT NULL DEFAULT ''"))
 # The journal's schema version, kept in SQLite's `PRAGMA user_version`: 1 is the first
 # release's tables, and each migration adds one, so adding a migration is what bumps it.
 # Journals written before versions existed read 0 and are migrated by their columns.
@@ -158,6 +161,7 @@ class Attachment:
     live: dict = field(default_factory=dict)
     device_id: str = ""  # normalised device ID of the ADD (cni_plugin/wire/deviceid.py); "" when none
     writer: int = 0  # schema version of the release that wrote the row (Journal._put sets its own)
+    extended_resource: str = ""  # the entry's extendedResourceName ('' when none)
 
     @property
     def claim_key(self) -> str:

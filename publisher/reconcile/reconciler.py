@@ -45,7 +45,7 @@ from publisher.live.status import shown_entry
 from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.mapper import current_form
 from publisher.reconcile.reservation import Reservations, reservations
-from publisher.reconcile.resolver import Unresolvable, allocated_node, choose_device, device_key
+from publisher.reconcile.resolver import PodInfo, Unresolvable, allocated_node, choose_device, device_key
 from publisher.reconcile.slices import SliceFacts
 from publisher.reconcile.writer import Writer, body_hash, owned_keys, sort_entries
 
@@ -80,6 +80,11 @@ def _no_group(att: Attachment) -> str:
     return ""
 
 
+def _no_mapping(att: Attachment) -> frozenset[str] | None:
+    """The extended resource's requests, for a plan made without a pod watch: none known."""
+    return None
+
+
 def hidden_reason(att: Attachment, node: str, facts: ClaimFacts,
                   pod_group: Callable[[Attachment], str] = _no_group) -> str:
     """Why a journaled attachment is not shown on the live claim ('' when it is).
@@ -103,20 +108,23 @@ SliceLookup = Callable[[str, list[tuple[str, str]]], dict[tuple[str, str], Any]]
 
 
 def rechoose(att: Attachment, claim: dict[str, Any], bound: set[tuple[str, str, str, str]],
-             slice_facts: SliceLookup | None = None) -> Attachment | None:
+             slice_facts: SliceLookup | None = None,
+             extended: frozenset[str] | None = None) -> Attachment | None:
     """The attachment on the device the resolver's rule picks in the claim as it is now, or None.
 
-    With the ADD's request and device ID: an interface on a VF stays on the allocated device
-    that carries the VF's ID (`slice_facts(driver, keys)`, publisher/reconcile/slices.py).
+    With the ADD's request, extended resource (`extended`: the requests the pod's
+    requestMappings give it in this claim, or None) and device ID: an interface on a VF stays
+    on the allocated device that carries the VF's ID (`slice_facts(driver, keys)`, publisher/reconcile/slices.py).
     While the driver republishes the pool, SlicesUnsettled (a TransientError) goes to the
     reconcile's caller, which keeps the claim dirty and retries it: no choice from old slices.
     """
     ev = Event(op="ADD", container_id=att.container_id, ifname=att.ifname, driver=att.driver,
                network=att.network, request=att.request, device_id=att.device_id, order=att.stamp,
+               extended_resource=att.extended_resource,
                pod=PodRef(att.pod_namespace, att.pod_name, att.pod_uid))
     lookup = (lambda keys: slice_facts(att.driver, keys)) if slice_facts else None
     try:
-        result = choose_device(claim, ev, bound, lookup)
+        result = choose_device(claim, ev, bound, lookup, extended)
     except Unresolvable:
         return None
     if result is None:
@@ -142,8 +150,10 @@ def newest_sandbox(atts: list[Attachment], order: BootOrder) -> Attachment:
 
 def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
          pod_alive: Callable[[Attachment], bool], order: BootOrder,
-         slice_facts: SliceLookup | None = None, pod_group: Callable[[Attachment], str] = _no_group) -> Desired:
-    """Which attachments the claim's status shows, hides, or forgets (pure but for pod_alive and pod_group)."""
+         slice_facts: SliceLookup | None = None, pod_group: Callable[[Attachment], str] = _no_group,
+         extended: Callable[[Attachment], frozenset[str] | None] = _no_mapping) -> Desired:
+    """Which attachments the claim's status shows, hides, or forgets (pure but for pod_alive,
+    pod_group and extended, which read the pod watch)."""
     facts = claim_facts(claim)
     out = Desired()
     by_device: dict[tuple[str, str, str, str], list[Attachment]] = {}
@@ -165,7 +175,7 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
             live.append(att)
     for att in homeless:  # reallocated with other devices: choose again, as for a new ADD
         others = {a.device_key for a in live if (a.pod_namespace, a.pod_name) != (att.pod_namespace, att.pod_name)}
-        moved = rechoose(att, claim, others, slice_facts)
+        moved = rechoose(att, claim, others, slice_facts, extended(att))
         if moved is None:
             if not pod_alive(att):
                 out.dropped.append((att, f"pod {att.pod_namespace}/{att.pod_name} is gone"))
@@ -294,16 +304,28 @@ class Reconciler:
             return True
         return self.pods.alive(att.pod_namespace, att.pod_name, att.pod_uid)
 
-    def _pod_group(self, att: Attachment) -> str:
-        """The attachment's pod's PodGroup, from the pod watch (one GET when it does not show the
-        pod, which then remembers it): asked only for a claim reserved for a PodGroup."""
+    def _pod_of(self, att: Attachment) -> PodInfo | None:
+        """The attachment's pod as the pod watch shows it (one GET when it does not show the pod,
+        which then remembers it); None when unknown or another pod of that name."""
         if self.pods is None or not att.pod_uid:
-            return ""
+            return None
         info = self.pods.get(att.pod_namespace, att.pod_name)
         if (info is None or info.uid != att.pod_uid) and self.pods.alive(att.pod_namespace, att.pod_name,
                                                                           att.pod_uid):
             info = self.pods.get(att.pod_namespace, att.pod_name)
-        return info.pod_group if info is not None and info.uid == att.pod_uid else ""
+        return info if info is not None and info.uid == att.pod_uid else None
+
+    def _pod_group(self, att: Attachment) -> str:
+        """The attachment's pod's PodGroup: asked only for a claim reserved for a PodGroup."""
+        info = self._pod_of(att)
+        return info.pod_group if info is not None else ""
+
+    def _extended(self, att: Attachment) -> frozenset[str] | None:
+        """The requests of the attachment's claim that back its entry's extended resource (None
+        when it names none or the claim is not the pod's extended-resource claim): asked only
+        when the claim was reallocated."""
+        info = self._pod_of(att) if att.extended_resource else None
+        return info.extended_requests(att.claim_name, att.extended_resource) if info is not None else None
 
     def reconcile(self, ns: str, name: str, claim: dict[str, Any] | None = None,
                   trigger: Event | None = None, copy_tick: int | None = None, purpose: str = "reconcile") -> bool:
@@ -329,7 +351,8 @@ class Reconciler:
                     return False
             mark = self.journal.dirty_mark(ns, name)  # a mark made after this read outlives the reconcile
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
-            desired = plan(claim, atts, self.node, self._pod_alive, self.order, self.slices.facts, self._pod_group)
+            desired = plan(claim, atts, self.node, self._pod_alive, self.order, self.slices.facts, self._pod_group,
+                           self._extended)
             self.covered(key, claim, {a.device_key for a in desired.shown})
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):

@@ -122,6 +122,18 @@ class PodInfo:
     # spec.schedulingGroup.podGroupName ('' for none, immutable): a claim reserved for
     # that PodGroup is the pod's to use (publisher/reconcile/reservation.py).
     pod_group: str = ""
+    # The claim the scheduler made for the pod's DRA extended resources and its requestMappings as
+    # (resourceName, requestName) pairs: the scheduler names those requests itself
+    # (container-<i>-request-<j>), so only the resource name can tie one to an interface.
+    extended_claim: str = ""
+    extended: tuple[tuple[str, str], ...] = ()
+
+    def extended_requests(self, claim_name: str, resource: str) -> frozenset[str] | None:
+        """The requests of `claim_name` that back `resource`: None when that claim is not the pod's
+        extended-resource claim or no resource is named (the ordinary rules apply to it)."""
+        if not resource or not claim_name or claim_name != self.extended_claim:
+            return None
+        return frozenset(request for name, request in self.extended if name == resource)
 
     @property
     def claimless(self) -> bool:
@@ -132,12 +144,15 @@ class PodInfo:
 def pod_info(pod: dict[str, Any]) -> PodInfo:
     spec_refs = (pod.get("spec") or {}).get("resourceClaims") or []
     status = pod.get("status") or {}
-    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    made = status.get("extendedResourceClaimStatus") or {}
+    extended = made.get("resourceClaimName") or ""
     generated = {st.get("name") for st in status.get("resourceClaimStatuses") or []}
     complete = all(ref.get("resourceClaimName") or ref.get("name") in generated for ref in spec_refs)
+    mappings = tuple((str(m.get("resourceName") or ""), str(m.get("requestName") or ""))
+                     for m in made.get("requestMappings") or [] if isinstance(m, dict))
     return PodInfo((pod.get("metadata") or {}).get("uid", ""), tuple(pod_claim_names(pod)),
                    declares_claims=bool(spec_refs or extended), names_complete=complete,
-                   pod_group=pod_group_name(pod))
+                   pod_group=pod_group_name(pod), extended_claim=extended, extended=mappings)
 
 
 def _claim_names(info: PodInfo, pod: str) -> bool:
@@ -203,11 +218,17 @@ def device_key(result: dict[str, Any]) -> tuple[str, str, str, str]:
     return (result.get("driver", ""), result.get("pool", ""), result.get("device", ""), result.get("shareID", "") or "")
 
 
-def _candidates(claim: dict[str, Any], event: Event) -> tuple[list[dict[str, Any]], str]:
-    """The results this attachment may use: by configured request (a subrequest
-    `nic/fast` matches `nic`), else by the driver's opaque config naming the
-    interface, else all of the driver's results."""
+def _candidates(claim: dict[str, Any], event: Event,
+                extended: frozenset[str] | None = None) -> tuple[list[dict[str, Any]], str]:
+    """The results this attachment may use. In the claim the scheduler made for the pod's
+    extended resources, when the entry names one: the requests the pod's requestMappings give
+    that resource (`extended`). Else by configured request (a subrequest `nic/fast` matches
+    `nic`), else by the driver's opaque config naming the interface, else all of the
+    driver's results."""
     results = driver_results(claim, event.driver)
+    if extended is not None:
+        return [r for r in results if r.get("request", "").split("/", 1)[0] in extended], \
+            f"extended resource {event.extended_resource!r}"
     if event.request:
         return [r for r in results if _request_matches(r.get("request", ""), event.request)], \
             f"request {event.request!r}"
@@ -248,10 +269,12 @@ def _by_device_id(chosen: list[dict[str, Any]], event: Event, how: str,
 def choose_device(
     claim: dict[str, Any], event: Event, bound: Iterable[tuple[str, str, str, str]],
     slice_facts: Callable[[list[tuple[str, str]]], dict[tuple[str, str], DeviceFacts]] | None = None,
+    extended: frozenset[str] | None = None,
 ) -> dict[str, Any] | None:
     """The allocation result for this attachment, None if the claim has none of ours.
 
-    Deterministic, in this order: the candidates (request / opaque config, _candidates); when
+    Deterministic, in this order: the candidates (the extended resource's requests `extended`,
+    request / opaque config, _candidates); when
     the event carries a device ID, the one carrying it in the slices (_by_device_id); the only
     candidate left; among several, the one whose ResourceSlice attribute `interfaceName` names
     this interface; else the only one no other attachment holds. The slices
@@ -261,7 +284,7 @@ def choose_device(
     DeviceIDNotAllocated) rather than guess; the slices raise SlicesUnsettled while the driver
     republishes a candidate's pool (its devices are unknown until then).
     """
-    chosen, how = _candidates(claim, event)
+    chosen, how = _candidates(claim, event, extended)
     read = (lambda: slice_facts([_key(r) for r in chosen])) if slice_facts else dict
     facts: dict[tuple[str, str], DeviceFacts] | None = None
     if event.device_id and chosen:
@@ -281,6 +304,17 @@ def choose_device(
     raise Unresolvable(f"ambiguous device by {how}: {listed}", "AmbiguousDevice")
 
 
+def _extended_hint(pod: PodInfo, event: Event) -> str:
+    """What to set when the pod's only way to this driver's device is an extended resource
+    the entry does not name: the scheduler's claim never has the entry's request."""
+    resources = sorted({name for name, _ in pod.extended if name})
+    if not pod.extended_claim or not resources or event.extended_resource in resources:
+        return ""
+    return (f"; its claim {pod.extended_claim} was made by the scheduler for extended resource(s) "
+            f"{', '.join(resources)}: name the one this interface stands for in the entry's "
+            f"extendedResourceName")
+
+
 class Resolver:
     """Pod -> claims -> allocated device, on the live API server."""
 
@@ -292,8 +326,9 @@ class Resolver:
         self.pods = pods  # a PodCache, or None to always GET
         self.claims = claims  # publisher/repair/claimwatch.py ClaimWindows (a watch that stays open), or None to GET
 
-    def _pod(self, event: Event) -> tuple[str, list[str], str]:
-        """(uid, claim names, PodGroup) of the event's pod: from the node's pod watch, else one GET.
+    def _pod(self, event: Event) -> PodInfo:
+        """What resolving needs of the event's pod, with all its claim names: from the node's
+        pod watch, else one GET.
 
         A pod the watch does not show yet is waited for while the event is
         younger than POD_WATCH_GRACE (the watch wakes the wait). Raises NotOurs
@@ -317,7 +352,7 @@ class Resolver:
                     raise NotOurs(f"pod {namespace}/{name} was deleted before its ADD was handled",
                                   reason="pod_deleted")
             elif _claim_names(info, f"{namespace}/{name}"):
-                return info.uid, list(info.claims), info.pod_group
+                return info
         try:
             pod = self.kube.get_pod(namespace, name)
         except NotFound:
@@ -326,10 +361,10 @@ class Resolver:
             self.pods.remember(pod)
         info = pod_info(pod)
         if uid and info.uid != uid:
-            return info.uid, [], info.pod_group  # another pod of that name: resolve() says so
+            return info  # another pod of that name: resolve() says so
         if not _claim_names(info, f"{namespace}/{name}"):
             raise NotYet(f"pod {namespace}/{name}: the names of its claims are not known yet")
-        return info.uid, list(info.claims), info.pod_group
+        return info
 
     def never_ours(self, event: Event) -> bool:
         """Whether the node's pod watch already knows this pod can never have a claim of ours
@@ -348,16 +383,17 @@ class Resolver:
         pod_ref = event.pod
         if pod_ref is None or not event.has_pod_identity:
             raise Unresolvable("event has no pod identity (K8S_POD_NAMESPACE/K8S_POD_NAME)")
-        uid, names, group = self._pod(event)
-        if pod_ref.uid and uid != pod_ref.uid:
-            raise Unresolvable(f"pod {pod_ref.namespace}/{pod_ref.name} has uid {uid}, the event is for {pod_ref.uid}")
+        pod = self._pod(event)
+        if pod_ref.uid and pod.uid != pod_ref.uid:
+            raise Unresolvable(f"pod {pod_ref.namespace}/{pod_ref.name} has uid {pod.uid}, "
+                               f"the event is for {pod_ref.uid}")
         found: list[Target] = []
         waiting: list[str] = []
         skipped: list[Unresolvable] = []
         ours: list[str] = []  # claims with results of the driver
-        for name in names:
+        for name in pod.claims:
             try:
-                target = self._match_claim(pod_ref.namespace, name, (uid, group), event, bound_for_claim, waiting,
+                target = self._match_claim(pod_ref.namespace, name, pod, event, bound_for_claim, waiting,
                                            ours, (known or {}).get(f"{pod_ref.namespace}/{name}"))
             except Unresolvable as exc:
                 if exc.reason != "AllocatedToOtherNode":
@@ -378,16 +414,20 @@ class Resolver:
         if not ours:  # every claim read and allocated, none with a result of the driver
             raise NotOurs(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} is allocated with a device of "
                           f"driver {event.driver}")
-        if event.request:  # the pod claimed devices of the driver, none for this interface's request
+        if event.request or (event.extended_resource and pod.extended_claim):
+            # The pod claimed devices of the driver, none for this interface's request or resource.
+            wanted = " or ".join(filter(None, [f"request {event.request!r}" if event.request else "",
+                                               f"extended resource {event.extended_resource!r}"
+                                               if event.extended_resource else ""]))
             raise NotOurs(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} has a device of driver "
-                          f"{event.driver} for request {event.request!r} (interface {event.ifname})", "no_request")
+                          f"{event.driver} for {wanted} (interface {event.ifname})"
+                          + _extended_hint(pod, event), "no_request")
         raise Unresolvable(f"no claim of pod {pod_ref.namespace}/{pod_ref.name} has a device of driver {event.driver}")
 
     def _match_claim(
-        self, namespace: str, name: str, pod: tuple[str, str], event: Event, bound_for_claim: Any,
+        self, namespace: str, name: str, pod: PodInfo, event: Event, bound_for_claim: Any,
         waiting: list[str], ours: list[str], known: dict[str, Any] | None = None,
     ) -> Target | None:
-        """`pod` is the pod's (UID, PodGroup)."""
         if known is not None:
             return self._target(namespace, name, known, pod, event, bound_for_claim, waiting, ours)
         try:
@@ -404,7 +444,7 @@ class Resolver:
             self.claims.unused(namespace, name)
         return target
 
-    def _target(self, namespace: str, name: str, claim: dict[str, Any], pod: tuple[str, str], event: Event,
+    def _target(self, namespace: str, name: str, claim: dict[str, Any], pod: PodInfo, event: Event,
                 bound_for_claim: Any, waiting: list[str], ours: list[str]) -> Target | None:
         status = claim.get("status") or {}
         if not status.get("allocation"):
@@ -413,9 +453,9 @@ class Resolver:
         if not driver_results(claim, event.driver):
             return None
         ours.append(name)
-        if not admits(claim, namespace, *pod):
+        if not admits(claim, namespace, pod.uid, pod.pod_group):
             waiting.append(f"claim {namespace}/{name} is not reserved for the pod"
-                           + (f" nor its PodGroup {pod[1]}" if pod[1] else ""))
+                           + (f" nor its PodGroup {pod.pod_group}" if pod.pod_group else ""))
             return None
         claim_uid = (claim.get("metadata") or {}).get("uid", "")
         node = allocated_node(claim)
@@ -425,7 +465,8 @@ class Resolver:
         key = f"{namespace}/{name}"
         try:
             result = choose_device(claim, event, bound_for_claim(key),
-                                   lambda keys: self.slices.facts(event.driver, keys))
+                                   lambda keys: self.slices.facts(event.driver, keys),
+                                   pod.extended_requests(name, event.extended_resource))
         except Unresolvable as exc:
             raise Unresolvable(f"claim {key}: {exc}", exc.reason, namespace, name, claim_uid) from None
         except SlicesUnsettled as exc:  # the driver is republishing the pool: wait for it, never guess
@@ -441,5 +482,5 @@ class Resolver:
             device=result.get("device", ""),
             share_id=result.get("shareID", "") or "",
             claim=claim,
-            pod_uid=pod[0],
+            pod_uid=pod.uid,
         )

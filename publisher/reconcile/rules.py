@@ -84,6 +84,8 @@ def result_hash(event: Event) -> str:
     basis = [event.result, event.network, event.request, event.pod.uid if event.pod else ""]
     if event.device_id:  # only then: the hashes of every other attachment stay as journaled
         basis.append(event.device_id)
+    if event.extended_resource:  # likewise
+        basis.append(event.extended_resource)
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
 
 
@@ -398,6 +400,7 @@ class Rules:
             claim_name=target.claim_name, claim_uid=target.claim_uid, pool=target.pool, device=target.device,
             share_id=target.share_id, entry=entry, result_hash=result_hash(ev), event_ts=ev.timestamp,
             stamp=ev.order, request=ev.request, added=ev.order, netns=ev.netns, device_id=ev.device_id,
+            extended_resource=ev.extended_resource,
             # The plugin's look at the addresses: one not usable yet (IPv6 DAD) is not shown until it is.
             live=at_add(entry, ev.unusable_ips, now_rfc3339()))
 

@@ -51,6 +51,7 @@ class Hint:
     netns: str = ""
     request: str = ""
     device_id: str = ""
+    extended_resource: str = ""
 
 
 @dataclass
@@ -74,7 +75,8 @@ def read_hints(path: str) -> dict[tuple[str, str], Hint]:
         return {}
     try:
         have = {row[1] for row in db.execute("PRAGMA table_info(attachments)")}
-        wanted = ["container_id", "ifname", "claim_namespace", "claim_name", "netns", "request", "device_id"]
+        wanted = ["container_id", "ifname", "claim_namespace", "claim_name", "netns", "request", "device_id",
+                  "extended_resource"]
         cols = [c if c in have else "''" for c in wanted]
         if "''" in cols[:4]:
             return {}
@@ -83,8 +85,8 @@ def read_hints(path: str) -> dict[tuple[str, str], Hint]:
         return {}
     finally:
         db.close()
-    return {(str(cid), str(ifn)): Hint((str(ns), str(name)), str(netns), str(req), str(dev))
-            for cid, ifn, ns, name, netns, req, dev in rows}
+    return {(str(cid), str(ifn)): Hint((str(ns), str(name)), str(netns), str(req), str(dev), str(ext))
+            for cid, ifn, ns, name, netns, req, dev, ext in rows}
 
 
 def netns_gone(path: str) -> bool:
@@ -143,7 +145,8 @@ def live_attachments(claim: dict[str, Any], manager: str, pods: list[NodePod],
             claim_uid=meta.get("uid", ""), pool=entry.get("pool", ""), device=entry.get("device", ""),
             share_id=entry.get("shareID", "") or "", entry={k: entry[k] for k in ENTRY_FIELDS if k in entry},
             result_hash="", event_ts=time.time(), stamp=list(stamp), request=hint.request, added=list(stamp),
-            netns=hint.netns if hint.netns and not netns_gone(hint.netns) else "", device_id=hint.device_id))
+            netns=hint.netns if hint.netns and not netns_gone(hint.netns) else "", device_id=hint.device_id,
+            extended_resource=hint.extended_resource))
     return out, dead
 
 

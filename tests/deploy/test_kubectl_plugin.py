@@ -129,7 +129,7 @@ def cluster() -> Iterator[RealCluster]:
 @pytest.fixture(scope="module")
 def installed(cluster: RealCluster) -> RealCluster:
     """The chart installed as docs/install.md gives it, with a 10 s heartbeat (so a stopped publisher's Lease is
-    stale 30 s later), netclaim chained."""
+    stale 30 s later) and an extended resource named for the entry, netclaim chained."""
     from chartlib import CHART, helm
     from runtime.nodechart import build_image
     from test_daemonset_cluster import RELEASE, NodeFiles
@@ -139,7 +139,8 @@ def installed(cluster: RealCluster) -> RealCluster:
     cluster.sh("import-image", build_image(), timeout=900)
     files.run.mkdir(parents=True, exist_ok=True)
     helm("upgrade", "--install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
-         *values(cluster, files, files.run / "boot-id"), "--set", "nodeLease.period=10", "--wait",
+         *values(cluster, files, files.run / "boot-id"), "--set", "nodeLease.period=10",
+         "--set", f"extendedResourceName={EXTENDED_RESOURCE}", "--wait",
          "--timeout", "300s", kubeconfig=cluster.kubeconfig, timeout=400)
     wait_until(lambda: files.chained(files.conflist), "netclaim chained into the node's conflist", timeout=120)
     wait_until(lambda: cluster.kubectl("get", "lease", "-n", NAMESPACE, f"{RELEASE}-node-{cluster.node}",
@@ -273,50 +274,69 @@ def test_why_names_an_entry_that_is_not_ready_and_what_it_means(plugin_dir: Path
     assert "FIX: the interface is administratively down" in out, out
 
 
-EXTENDED_RESOURCE = "example.com/nic"
+EXTENDED_RESOURCE = "example.com/nic"  # the chart's extendedResourceName on this cluster (`installed`)
+OTHER_RESOURCE = "example.com/other"  # one the entry does not name
 
 
-def test_why_names_the_request_a_claim_for_an_extended_resource_cannot_have(plugin_dir: Path,
-                                                                            installed: RealCluster, ns: str) -> None:
-    """DRA extended resources (KEP-5004): a DeviceClass of netclaim's driver's devices names an extended resource,
-    and a pod asks for one in its container's resources, with no claim in its spec. The scheduler makes the claim
-    itself, names it in the pod's status.extendedResourceClaimStatus and names its request itself
-    (container-0-request-0). netclaim's entry, as the chart installs it, publishes request `nic` only, so the claim
-    gets no entry: `status` lists the claim's device from the pod, and `why` names that request, not a missing
-    Warning. The class and the pod go at the end (the device back to the node)."""
-    installed.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nc-extended"},
-                     "spec": {"extendedResourceName": EXTENDED_RESOURCE,
-                              "selectors": [{"cel": {"expression": f'device.driver == "{installed.driver}"'}}]}})
-    pod = pod_manifest(ns, "extended")
-    pod["spec"]["containers"][0]["resources"] = {"limits": {EXTENDED_RESOURCE: "1"},
-                                                 "requests": {EXTENDED_RESOURCE: "1"}}
+def extended_pod(installed: RealCluster, ns: str, name: str, resource: str) -> tuple[str, dict[str, Any]]:
+    """A pod asking for one `resource` in its container's resources, no claim in its spec, running: the claim the
+    scheduler made for it (named in the pod's status with its requestMappings) and that claim's one result."""
+    pod = pod_manifest(ns, name)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "1"}, "requests": {resource: "1"}}
+    installed.apply(pod)
+    installed.wait_running(ns, name, timeout=180)
+    status = installed.get("pod", name, ns)["status"]
+    made = status.get("extendedResourceClaimStatus") or {}
+    claim = made.get("resourceClaimName", "")
+    assert claim and not status.get("resourceClaimStatuses"), status  # the scheduler's claim, the pod's only
+    (mapping,) = made["requestMappings"]
+    assert (mapping["containerName"], mapping["resourceName"]) == ("app", resource), made
+    allocation = installed.get("resourceclaim", claim, ns)["status"]
+    (result,) = allocation["allocation"]["devices"]["results"]
+    # The scheduler names the request itself (container-0-request-0): no entry's `request` is that.
+    assert result["driver"] == installed.driver and result["request"] == mapping["requestName"] != "nic", result
+    assert [r["name"] for r in allocation["reservedFor"]] == [name], allocation
+    return claim, result
+
+
+def test_a_claim_the_scheduler_makes_for_the_named_extended_resource_is_published(plugin_dir: Path,
+                                                                                 installed: RealCluster,
+                                                                                 ns: str) -> None:
+    """DRA extended resources (KEP-5004): DeviceClasses of netclaim's driver's devices name extended resources, and
+    pods ask for one in their container's resources, with no claim in their spec. With the chart's default
+    `request: nic` and `extendedResourceName: example.com/nic`, the claim the scheduler makes for a pod asking for
+    example.com/nic gets the pod's eth0 (Ready=True, its MAC and IPs) and `why` says OK. A pod asking for
+    example.com/other, which the entry does not name, gets no entry, and `why` names the setting rather than a
+    missing Warning. The classes and the pods go at the end (the devices back to the node)."""
+    for name, resource in (("nc-extended", EXTENDED_RESOURCE), ("nc-other", OTHER_RESOURCE)):
+        installed.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+                         "spec": {"extendedResourceName": resource, "selectors": [
+                             {"cel": {"expression": f'device.driver == "{installed.driver}"'}}]}})
     try:
-        installed.apply(pod)
-        installed.wait_running(ns, "extended", timeout=180)
-        status = installed.get("pod", "extended", ns)["status"]
-        made = status.get("extendedResourceClaimStatus") or {}
-        claim = made.get("resourceClaimName", "")
-        assert claim and not status.get("resourceClaimStatuses"), status  # the scheduler's claim, the pod's only
-        (mapping,) = made["requestMappings"]
-        assert (mapping["containerName"], mapping["resourceName"]) == ("app", EXTENDED_RESOURCE), made
-        allocation = installed.get("resourceclaim", claim, ns)["status"]
-        (result,) = allocation["allocation"]["devices"]["results"]
-        assert result["driver"] == installed.driver and result["request"] == mapping["requestName"], result
-        assert [r["name"] for r in allocation["reservedFor"]] == ["extended"], allocation
+        claim, result = extended_pod(installed, ns, "extended", EXTENDED_RESOURCE)
+        entry = wait_until(lambda: shows(installed, ns, claim, "extended"),
+                           f"{ns}/{claim}'s entry Ready=True with the pod's eth0", timeout=120)
+        assert (entry["pool"], entry["device"]) == (result["pool"], result["device"]), (entry, result)
+        code, out = verdict_until(plugin_dir, installed, ns, "extended", "OK: ")
+        assert code == 0 and out.startswith("OK: pod extended"), out
         proc = run_plugin(plugin_dir, "status", "extended", "-n", ns, "-o", "json", kubeconfig=installed.kubeconfig)
         assert proc.returncode == 0, proc.stderr
         (listed,) = json.loads(proc.stdout)["claims"]
         (device,) = listed["devices"]
         assert listed["claim"] == claim and device["device"] == f"{result['pool']}/{result['device']}", listed
-        assert device["request"] == result["request"], device
-        code, out = verdict_until(plugin_dir, installed, ns, "extended", "extended resources")
-        assert code == 1 and out.startswith(f"CAUSE: claim {claim} is the one the scheduler made for the pod's "
-                                            f"extended resources ({EXTENDED_RESOURCE})"), out
-        assert f"request '{result['request']}'" in out and "publishes only request 'nic'" in out, out
-        assert "FIX: on nodes with one network, install netclaim with the chart's `request` empty" in out, out
+        assert device["ready"] == "True" and device["mac"].lower() == installed.interface(ns, "extended").mac, device
+
+        other, result = extended_pod(installed, ns, "other", OTHER_RESOURCE)
+        code, out = verdict_until(plugin_dir, installed, ns, "other", "extended resources")
+        assert code == 1 and out.startswith(f"CAUSE: claim {other} is the one the scheduler made for the pod's "
+                                            f"extended resources ({OTHER_RESOURCE})"), out
+        assert f"request '{result['request']}'" in out and f"extended resource '{EXTENDED_RESOURCE}'" in out, out
+        assert "FIX: set the chart's `extendedResourceName`" in out, out
+        assert entries_of(installed.claim_yaml(ns, other), installed.driver) == []
     finally:
-        installed.kubectl("delete", "pod", "extended", "-n", ns, "--ignore-not-found", timeout=180, check=False)
-        installed.kubectl("delete", "deviceclass", "nc-extended", "--ignore-not-found", check=False)
+        for pod in ("extended", "other"):
+            installed.kubectl("delete", "pod", pod, "-n", ns, "--ignore-not-found", timeout=180, check=False)
+        installed.kubectl("delete", "deviceclass", "nc-extended", "nc-other", "--ignore-not-found", check=False)
 
 
 NAD_CRD = {

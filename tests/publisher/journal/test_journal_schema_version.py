@@ -168,9 +168,10 @@ def test_rows_an_older_release_wrote_after_this_one_opened_the_journal_are_notic
         journal.close()
 
 
-def test_a_journal_of_the_previous_version_keeps_its_rows_and_its_events_keep_their_device_id(workdir):
-    """A publisher upgraded over its journal: the newest column is
-    added, what was stored is read as before, and a pending ADD keeps the device ID it came with."""
+def test_a_journal_of_the_previous_version_keeps_its_rows_and_its_events_keep_what_they_came_with(workdir):
+    """A publisher upgraded over its journal: the newest column (the entry's extended resource) is
+    added, what was stored is read as before, and a pending ADD keeps the device ID and extended
+    resource it came with."""
     from cni_plugin.wire.event import Event, PodRef
 
     state = workdir / "state"
@@ -178,13 +179,14 @@ def test_a_journal_of_the_previous_version_keeps_its_rows_and_its_events_keep_th
     att = Attachment(container_id="c1", ifname="net1", driver="vf.example.com", network="vf", pod_namespace="ns",
                      pod_name="p", pod_uid="u1", claim_namespace="ns", claim_name="vfs", claim_uid="cu",
                      pool="pool", device="vf-3", share_id="", entry={"device": "vf-3"}, result_hash="h",
-                     event_ts=1.0, request="vf")
+                     event_ts=1.0, request="vf", device_id="0000:00:05.2")
     journal.finish(None, upsert=[att])
     journal.append(Event(op="ADD", container_id="c1", ifname="net2", driver="vf.example.com", request="vf",
-                         device_id="0000:00:05.3", pod=PodRef("ns", "p", "u1"), result={}))
+                         device_id="0000:00:05.3", extended_resource="example.com/vf", pod=PodRef("ns", "p", "u1"),
+                         result={}))
     journal.close()
     newest_table, newest_column, _ = journal_schema.MIGRATIONS[-1]
-    assert (newest_table, newest_column) == ("attachments", "writer")
+    assert (newest_table, newest_column) == ("attachments", "extended_resource")
     db = sqlite3.connect(os.path.join(state, "journal.db"))
     db.execute(f"ALTER TABLE {newest_table} DROP COLUMN {newest_column}")
     db.execute(f"PRAGMA user_version={journal_schema.SCHEMA_VERSION - 1}")
@@ -195,9 +197,10 @@ def test_a_journal_of_the_previous_version_keeps_its_rows_and_its_events_keep_th
     try:
         assert user_version(state) == journal_schema.SCHEMA_VERSION
         kept = journal.attachment("c1", "net1")
-        assert kept is not None and (kept.device, kept.entry, kept.request, kept.device_id) == \
-            ("vf-3", {"device": "vf-3"}, "vf", "")
+        assert kept is not None and (kept.device, kept.entry, kept.request, kept.device_id, kept.extended_resource) \
+            == ("vf-3", {"device": "vf-3"}, "vf", "0000:00:05.2", "")
         pending = journal.ready(0, 1, float("inf"))
-        assert [(p.event.ifname, p.event.device_id) for p in pending] == [("net2", "0000:00:05.3")]
+        assert [(p.event.ifname, p.event.device_id, p.event.extended_resource) for p in pending] == [
+            ("net2", "0000:00:05.3", "example.com/vf")]
     finally:
         journal.close()

@@ -204,3 +204,34 @@ def test_pod_without_any_claim_is_claimless_and_a_pending_template_is_not():
     assert pod_info(template).claims == ("pod-n-x",) and pod_info(template).names_complete
     extended = {"status": {"extendedResourceClaimStatus": {"resourceClaimName": "ext"}}}
     assert not pod_info(extended).claimless
+
+
+def extended_event(ifname: str, request: str, resource: str) -> Event:
+    return Event(op="ADD", container_id="c", ifname=ifname, driver=DRIVER, request=request,
+                 extended_resource=resource, pod=PodRef("ns", "p", "u"))
+
+
+GENERATED = [{"request": "container-0-request-0", "driver": DRIVER, "pool": "p", "device": "nic0"},
+             {"request": "container-1-request-0", "driver": DRIVER, "pool": "p", "device": "nic1"}]
+
+
+def test_the_schedulers_claim_is_matched_by_the_extended_resource_not_the_request_name():
+    from publisher.reconcile.resolver import pod_info
+
+    pod = {"metadata": {"uid": "u"}, "status": {"extendedResourceClaimStatus": {
+        "resourceClaimName": "ext", "requestMappings": [
+            {"containerName": "a", "resourceName": "example.com/fast", "requestName": "container-0-request-0"},
+            {"containerName": "b", "resourceName": "example.com/nic", "requestName": "container-1-request-0"}]}}}
+    info = pod_info(pod)
+    nic = info.extended_requests("ext", "example.com/nic")
+    assert nic == {"container-1-request-0"}
+    assert choose_device(claim(GENERATED), extended_event("eth0", "nic", "example.com/nic"), [],
+                         extended=nic)["device"] == "nic1"
+    # Another claim of the pod, or an entry naming no resource: the ordinary rules (no request name matches).
+    assert info.extended_requests("other", "example.com/nic") is None
+    assert info.extended_requests("ext", "") is None
+    assert choose_device(claim(GENERATED), extended_event("eth0", "nic", ""), [], extended=None) is None
+    # A resource the pod did not ask for takes none of the claim's devices, even with no request configured.
+    none = info.extended_requests("ext", "example.com/other")
+    assert none == frozenset()
+    assert choose_device(claim(GENERATED), extended_event("eth0", "", "example.com/other"), [], extended=none) is None
