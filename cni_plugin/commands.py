@@ -34,6 +34,7 @@ def _event(op: str, env: Env, conf: NetConf, **fields: Any) -> Event:
         netns=env.netns,
         network=conf.name,
         request=conf.request,
+        extended_resource=conf.extended_resource,
         device_id=conf.device_id,
         pod=PodRef(*pod) if pod else None,
         cni_version=conf.cni_version,

@@ -48,7 +48,8 @@ FAILURE_POLICIES = ("Ignore", "Fail")
 # takes its integer ranges from here and the installers type their values by it
 # (publisher/keeper/conflist.py build_entry): a JSON string where an integer belongs is refused by
 # the plugin (ADD error 7 on every pod start), so the two must never disagree.
-STRING_SETTINGS = ("driverName", "request", "socketPath", "spoolDir", "stateDir", "logFile", "failurePolicy")
+STRING_SETTINGS = ("driverName", "request", "extendedResourceName", "socketPath", "spoolDir", "stateDir", "logFile",
+                   "failurePolicy")
 INT_SETTINGS = {  # key: (lowest, highest) accepted
     "ackTimeoutMs": (1, 60000),
     "handoffWaitMs": (0, 60000),
@@ -64,6 +65,10 @@ _NAME_FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _NAME_REST = _NAME_FIRST | frozenset("_.-")
 _IFNAME_MAX = 15
 _HEX = frozenset("0123456789abcdefABCDEF")
+_DNS_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_DNS_INNER = _DNS_ALNUM | frozenset("-")
+_DNS_SUBDOMAIN_MAX = 253
+_QUALIFIED_NAME_MAX = 63
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -89,6 +94,50 @@ def check_ifname(value: str) -> str | None:
         return "may not be . or .."
     if any(c in "/:" or c.isspace() for c in value):
         return "may not contain '/', ':' or whitespace"
+    return None
+
+
+def _dns_subdomain_problem(value: str) -> str | None:
+    """Kubernetes' DNS-1123 subdomain: dot-separated labels of lowercase alphanumerics and '-', each
+    starting and ending alphanumeric, at most 253 characters in all; None when valid."""
+    if len(value) > _DNS_SUBDOMAIN_MAX:
+        return f"is longer than {_DNS_SUBDOMAIN_MAX} characters"
+    for label in value.split("."):
+        if not label or label[0] not in _DNS_ALNUM or label[-1] not in _DNS_ALNUM \
+                or not all(c in _DNS_INNER for c in label):
+            return "must be a DNS subdomain (lowercase letters, digits, '-' and '.', alphanumeric at each end)"
+    return None
+
+
+def _qualified_name_problem(value: str) -> str | None:
+    """The name part of a Kubernetes qualified name: at most 63 alphanumerics, '-', '_' and '.',
+    alphanumeric at both ends (upper case allowed); None when valid."""
+    if not value:
+        return "is empty"
+    if len(value) > _QUALIFIED_NAME_MAX:
+        return f"is longer than {_QUALIFIED_NAME_MAX} characters"
+    if value[0] not in _NAME_FIRST or value[-1] not in _NAME_FIRST or not all(c in _NAME_REST for c in value):
+        return "must be alphanumerics, '-', '_' or '.', alphanumeric at both ends"
+    return None
+
+
+def extended_resource_problem(value: str) -> str | None:
+    """Why `value` is not a Kubernetes extended resource name (`example.com/nic`); None when it is.
+
+    A pod names the resource in its containers' resources and the scheduler's claim carries it
+    in the pod's requestMappings: a name the API could never hold would silently match nothing,
+    so it is refused where the operator wrote it. Strings only, no regex: the plugin starts on
+    every pod start and `re` costs its import.
+    """
+    prefix, sep, name = value.partition("/")
+    if not sep or "/" in name:
+        return "must be DOMAIN/NAME with exactly one '/' (e.g. example.com/nic)"
+    problem = _dns_subdomain_problem(prefix)
+    if problem:
+        return f"domain {prefix!r} {problem}" if len(prefix) <= _DNS_SUBDOMAIN_MAX else f"domain {problem}"
+    problem = _qualified_name_problem(name)
+    if problem:
+        return f"name {name!r} {problem}" if len(name) <= _QUALIFIED_NAME_MAX else f"name {problem}"
     return None
 
 
@@ -272,9 +321,9 @@ class InterfaceConf:
 class NetConf:
     """The `"type": "netclaim"` entry of a conflist, as the runtime passed it."""
 
-    __slots__ = ("cni_version", "name", "driver", "request", "device_id", "socket_path", "spool_dir", "state_dir",
-                 "log_file", "failure_policy", "ack_timeout", "handoff_wait", "address_wait", "spool_max_files",
-                 "spool_max_bytes", "interface", "prev_result", "raw")
+    __slots__ = ("cni_version", "name", "driver", "request", "extended_resource", "device_id", "socket_path",
+                 "spool_dir", "state_dir", "log_file", "failure_policy", "ack_timeout", "handoff_wait", "address_wait",
+                 "spool_max_files", "spool_max_bytes", "interface", "prev_result", "raw")
 
     def __init__(self, cni_version: str, name: str, driver: str, request: str = "",
                  socket_path: str = DEFAULT_SOCKET, spool_dir: str = DEFAULT_SPOOL_DIR,
@@ -286,6 +335,9 @@ class NetConf:
         self.name = name
         self.driver = driver
         self.request = request
+        # The DRA extended resource (example.com/nic) this network's interface stands for when a pod asks
+        # for it in its containers' resources instead of a claim ("" when the entry names none).
+        self.extended_resource = ""
         self.device_id = ""  # the device the meta plugin chose for this network (device_id below)
         self.socket_path = socket_path
         self.spool_dir = spool_dir
@@ -459,6 +511,16 @@ def device_id(raw: dict[str, Any]) -> str:
     return ""
 
 
+def _extended_resource(raw: dict[str, Any]) -> str:
+    """`extendedResourceName`: absent, null or "" mean none (an installer's empty value); else a valid name."""
+    value = _string(raw, "extendedResourceName", "")
+    if value:
+        problem = extended_resource_problem(value)
+        if problem:
+            raise config_error("extendedResourceName", problem)
+    return value
+
+
 def _driver(raw: dict[str, Any]) -> str:
     driver = _string(raw, "driverName", "", required=True)
     if len(driver) > 63:
@@ -490,6 +552,7 @@ def parse_netconf(raw: dict[str, Any], cni_version: str, command: str) -> NetCon
         log_file=_log_file(raw),
         raw=raw,
     )
+    conf.extended_resource = _extended_resource(raw)
     conf.device_id = device_id(raw)
     policy = raw.get("failurePolicy")
     if policy is None:  # null is "absent", as for every optional field
@@ -549,6 +612,7 @@ def tolerant_netconf(raw: dict[str, Any]) -> tuple[NetConf, list[str]]:
         log_file=keep(lambda: _log_file(raw), ""),
         raw=raw,
     )
+    conf.extended_resource = keep(lambda: _extended_resource(raw), "")
     conf.device_id = keep(lambda: device_id(raw), "")
     timeout = keep(lambda: _setting(raw, "ackTimeoutMs"), None)
     if timeout is not None:

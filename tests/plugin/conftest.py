@@ -200,6 +200,7 @@ class PublisherDouble:
     def __init__(self, path: str) -> None:
         self.path = path
         self.events: list[wire_event.Event] = []
+        self.sent: list[dict] = []  # each accepted event's JSON as the plugin sent it (which keys it left out)
         self.reply_ok = True
         self.hang = False
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -231,6 +232,7 @@ class PublisherDouble:
                     continue
                 if self.reply_ok:
                     self.events.append(event)
+                    self.sent.append(request["event"])
                     conn.sendall(wire_frame.encode_frame({"ok": True, "id": event.event_id}))
                 else:
                     conn.sendall(wire_frame.encode_frame({"ok": False, "error": "journal full (test)"}))
