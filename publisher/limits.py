@@ -342,3 +342,9 @@ FLEET_PROBLEMS_CHARS = 400  # ... and its PROBLEMS cell (every problem and note 
 ENDPOINTS_PER_SLICE = 100
 MAX_ENDPOINT_ADDRESSES = 100
 MAX_SLICE_PORTS = 100
+# The endpoints controller's liveness (publisher/endpoints/probes.py): a watch of it (Services, pods, claims, its
+# slices) that neither received an event or a bookmark nor completed a list for this long is stuck, and its
+# slices go stale while the pod looks healthy. A quiet watch still gets a bookmark every minute; a dead
+# connection ends after WATCH_SILENCE and is listed again within WATCH_BACKOFF_CAP; so 600 s without any means a
+# stuck thread, or an API server that refused every list for ten minutes, where a restart costs four lists.
+WATCH_STALLED = 600.0

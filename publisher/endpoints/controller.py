@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from publisher import logs
 from publisher.endpoints import select, slices
@@ -56,9 +56,11 @@ class Stats:
 class Controller:
     """Keeps the slices of every annotated Service (in `namespace`, or all namespaces when empty)."""
 
-    def __init__(self, kube: EndpointsKube, namespace: str = "") -> None:
+    def __init__(self, kube: EndpointsKube, namespace: str = "",
+                 beat: Callable[[str], None] = lambda _loop: None) -> None:
         self.kube = kube
         self.namespace = namespace
+        self.beat = beat  # told `worker` after each pass of the worker's loop (publisher/endpoints/probes.py)
         scope = f"/namespaces/{namespace}" if namespace else ""
         self.services = Cache(kube, "services", f"/api/v1{scope}/services", self._service_changed)
         self.pods = Cache(kube, "pods", f"/api/v1{scope}/pods", self._namespace_changed)
@@ -122,6 +124,7 @@ class Controller:
     def _work(self, stopping: threading.Event) -> None:
         for cache in self.caches:
             while not cache.synced.wait(0.5):
+                self.beat("worker")  # waiting for a list is the watch's to report (probes), not a stall here
                 if stopping.is_set():
                     return
         self._ready.set()
@@ -134,14 +137,17 @@ class Controller:
             if service:
                 self.mark((key_of(sl)[0], service))
         while not stopping.is_set():
+            self.beat("worker")
             with self._cond:
                 while not self._dirty and not stopping.is_set():
                     self._cond.wait(0.5)
+                    self.beat("worker")
                 batch, self._dirty = self._dirty, set()
             for key in sorted(batch):
                 if stopping.is_set():
                     return
                 self._sync_logged(key, stopping)
+                self.beat("worker")  # a long batch (the first pass over many Services) is progress too
 
     def _sync_logged(self, key: Key, stopping: threading.Event) -> None:
         try:

@@ -44,6 +44,7 @@ class Election:
     renew_deadline: float = 10.0
     retry: float = 2.0
     clock: Callable[[], float] = time.monotonic
+    on_round: Callable[[], None] = lambda: None  # after every round, won or not (publisher/endpoints/probes.py)
     leading: threading.Event = field(default_factory=threading.Event)
     transitions: int = 0  # how often this candidate took the Lease
     _observed: tuple[str, str] = ("", "")  # (resourceVersion, holder) of the record last seen
@@ -97,6 +98,8 @@ class Election:
             logs.get().info("lease not written", extra={"lease": f"{self.namespace}/{self.name}",
                                                         "error": str(exc)[:200]})
             return False
+        finally:
+            self.on_round()
 
     def acquire(self, stopping: threading.Event) -> bool:
         """Wait until this candidate leads (True) or `stopping` (False)."""

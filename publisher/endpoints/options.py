@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from publisher.clioptions import stacked
+from publisher.observe.options import address_value
 
 DEFAULT_LEASE = "netclaim-endpoints"
 
@@ -40,6 +41,15 @@ OPTIONS = [
     click.option("--lease-retry", envvar="NETCLAIM_LEASE_RETRY", show_envvar=True, default=2.0, show_default=True,
                  type=click.FloatRange(min=0.1),
                  help="Seconds between renewals, and between a standby's tries (less than --lease-renew-deadline)."),
+    click.option("--probe-address", envvar="NETCLAIM_PROBE_ADDRESS", show_envvar=True, default="",
+                 callback=address_value,
+                 help="HOST:PORT serving only /healthz and /readyz, for the kubelet's httpGet probes (the chart with "
+                      "probes.mode=tcp: the pod's IP). Empty: off."),
+    click.option("--probe-socket", envvar="NETCLAIM_PROBE_SOCKET", show_envvar=True, default="",
+                 type=click.Path(dir_okay=False),
+                 help="Unix socket serving only /healthz and /readyz (created 0600), for exec probes "
+                      "(`python -m publisher.observe.localprobe SOCKET /healthz`): only the pod's own containers "
+                      "can ask. Empty: off."),
     click.option("--log-format", envvar="NETCLAIM_LOG_FORMAT", show_envvar=True, default="json", show_default=True,
                  type=click.Choice(["json", "text"]), help="Log lines on stderr: JSON (one event a line) or text."),
     click.option("--log-level", envvar="NETCLAIM_LOG_LEVEL", show_envvar=True, default="info", show_default=True,
@@ -65,6 +75,8 @@ class EndpointsSettings:
     retry: float
     log_format: str
     log_level: str
+    probe_address: str = ""
+    probe_socket: str = ""
 
 
 def settings_from(values: dict[str, Any]) -> EndpointsSettings:
@@ -80,4 +92,5 @@ def settings_from(values: dict[str, Any]) -> EndpointsSettings:
     return EndpointsSettings(kubeconfig=values["kubeconfig"], namespace=values["namespace"],
                              lease_namespace=values["lease_namespace"], lease_name=values["lease_name"],
                              identity=identity, lease_duration=duration, renew_deadline=deadline, retry=retry,
-                             log_format=values["log_format"], log_level=values["log_level"])
+                             log_format=values["log_format"], log_level=values["log_level"],
+                             probe_address=values["probe_address"], probe_socket=values["probe_socket"])
