@@ -16,6 +16,9 @@
 #   --conflist FILE        the conflist to chain netclaim into (required unless --print)
 #   --driver-name NAME     the DRA driver whose devices netclaim reports (required to install)
 #   --request NAME         the claim's request name that selects the device
+#   --extended-resource-name NAME
+#                          the DRA extended resource this network's interface is (e.g. example.com/nic),
+#                          for pods that ask for it in their containers' resources instead of a claim
 #   --socket PATH          the publisher's socket (plugin default /run/netclaim/publisher.sock)
 #   --spool-dir DIR        where the plugin spools events while the publisher is down
 #   --state-dir DIR        the publisher's state directory (created 0700)
@@ -62,6 +65,7 @@ CNI_BIN_DIR=/opt/cni/bin
 CONFLIST=""
 DRIVER_NAME=""
 REQUEST=""
+EXTENDED_RESOURCE_NAME=""
 SOCKET=""
 SPOOL_DIR=""
 STATE_DIR=""
@@ -85,6 +89,7 @@ parse_args() {
             --conflist) CONFLIST="${2:?--conflist needs a value}"; shift 2 ;;
             --driver-name) DRIVER_NAME="${2:?--driver-name needs a value}"; shift 2 ;;
             --request) REQUEST="${2:?--request needs a value}"; shift 2 ;;
+            --extended-resource-name) EXTENDED_RESOURCE_NAME="${2:?--extended-resource-name needs a value}"; shift 2 ;;
             --socket) SOCKET="${2:?--socket needs a value}"; shift 2 ;;
             --spool-dir) SPOOL_DIR="${2:?--spool-dir needs a value}"; shift 2 ;;
             --state-dir) STATE_DIR="${2:?--state-dir needs a value}"; shift 2 ;;
@@ -182,6 +187,7 @@ entry_args() {
     ENTRY_ARGS=(
         --set "driverName=$DRIVER_NAME"
         --set "request=$REQUEST"
+        --set "extendedResourceName=$EXTENDED_RESOURCE_NAME"
         --set "socketPath=$SOCKET"
         --set "spoolDir=$SPOOL_DIR"
         --set "failurePolicy=$FAILURE_POLICY"

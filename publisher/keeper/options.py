@@ -1,8 +1,9 @@
 """The chain keeper's options (`netclaim-publisher chain-keeper`) and the settings they make.
 
-The entry the keeper writes (driver, request, the plugin's socket, spool and integer settings) is
-checked here against the plugin's own rules before anything is written: an entry the plugin would
-refuse fails every pod start on the node. publisher/keeper/command.py runs the keeper with them.
+The entry the keeper writes (driver, request, extended resource, the plugin's socket, spool and
+integer settings) is checked here against the plugin's own rules before anything is written: an
+entry the plugin would refuse fails every pod start on the node. publisher/keeper/command.py runs
+the keeper with them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def plugin_int_help(key: str, default: int) -> str:
 KEEPER_OPTION_OF = {
     "driverName": "--driver-name, NETCLAIM_DRIVER_NAME",
     "request": "--request, NETCLAIM_REQUEST",
+    "extendedResourceName": "--extended-resource-name, NETCLAIM_EXTENDED_RESOURCE_NAME",
     "socketPath": "--plugin-socket, NETCLAIM_PLUGIN_SOCKET",
     "spoolDir": "--plugin-spool-dir, NETCLAIM_PLUGIN_SPOOL_DIR",
     "failurePolicy": "--failure-policy, NETCLAIM_FAILURE_POLICY",
@@ -69,6 +71,10 @@ OPTIONS = [
                  help="The DRA driver whose devices netclaim reports (the entry's driverName)."),
     click.option("--request", envvar="NETCLAIM_REQUEST", show_envvar=True, default="",
                  help="The claim request whose device an attachment is (empty: decided per claim)."),
+    click.option("--extended-resource-name", envvar="NETCLAIM_EXTENDED_RESOURCE_NAME", show_envvar=True, default="",
+                 help="The DRA extended resource (e.g. example.com/nic) an attachment stands for when a pod asks for "
+                      "it in its containers' resources instead of a claim: the scheduler's claim names its requests "
+                      "itself (the entry's extendedResourceName; empty: none)."),
     click.option("--failure-policy", envvar="NETCLAIM_FAILURE_POLICY", show_envvar=True, default="Ignore",
                  show_default=True, type=click.Choice(["Ignore", "Fail"]), help="The entry's failurePolicy."),
     click.option("--plugin-socket", envvar="NETCLAIM_PLUGIN_SOCKET", show_envvar=True, default=DEFAULT_SOCKET,
@@ -176,7 +182,8 @@ def entry_from(values: dict[str, Any], uninstall: bool) -> dict[str, Any]:
              f"socketPath={values['plugin_socket']}", f"spoolDir={values['plugin_spool_dir']}",
              f"failurePolicy={values['failure_policy']}", f"logFile={values['plugin_log_file']}"]
     if not uninstall:  # the uninstall finds the entry by driver and request; nothing else of it matters
-        pairs += [f"ackTimeoutMs={values['plugin_ack_timeout_ms']}",
+        pairs += [f"extendedResourceName={values['extended_resource_name']}",
+                  f"ackTimeoutMs={values['plugin_ack_timeout_ms']}",
                   f"handoffWaitMs={values['plugin_handoff_wait_ms']}",
                   f"addressWaitMs={values['plugin_address_wait_ms']}",
                   f"spoolMaxFiles={values['plugin_spool_max_files']}",

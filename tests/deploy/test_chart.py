@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import jsonschema
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -22,7 +23,7 @@ import yaml
 
 import cni_plugin
 from chartlib import CHART, by_kind, driver_set, helm, helm_binary, kube_version, one, render
-from cni_plugin.config import INT_SETTINGS, parse_netconf
+from cni_plugin.config import INT_SETTINGS, extended_resource_problem, parse_netconf
 from deploylib import DRIVER, REPO, netclaim_publisher_bin, python_env
 from kubehelpers import apply_object
 
@@ -123,6 +124,34 @@ def test_the_schemas_plugin_setting_ranges_are_the_plugins_own() -> None:
         [integer] = [alt for alt in cni[value.split(".", 1)[1]]["anyOf"] if alt.get("type") == "integer"]
         assert (integer["minimum"], integer["maximum"]) == INT_SETTINGS[key], value
     assert set(PLUGIN_SETTINGS.values()) == set(INT_SETTINGS), "a plugin integer setting the chart cannot set"
+
+
+def test_the_extended_resource_value_reaches_the_configmap_and_the_keepers_entry(tmp_root: Path) -> None:
+    """Pods that ask for a DRA extended resource in their containers' resources get a claim whose requests the
+    scheduler names: the entry must name the resource for the publisher to find the interface's device there."""
+    config = one(render("extendedResourceName=example.com/nic"), "ConfigMap")["data"]
+    assert config["NETCLAIM_EXTENDED_RESOURCE_NAME"] == "example.com/nic"
+    (tmp_root / "set").mkdir()
+    entry = keeper_writes(config, tmp_root / "set")["plugins"][-1]
+    assert (entry["extendedResourceName"], entry["request"]) == ("example.com/nic", "nic")
+
+    default = one(render(), "ConfigMap")["data"]
+    assert default["NETCLAIM_EXTENDED_RESOURCE_NAME"] == ""
+    (tmp_root / "default").mkdir()
+    assert "extendedResourceName" not in keeper_writes(default, tmp_root / "default")["plugins"][-1]
+
+
+@pytest.mark.parametrize("value", ["", "example.com/nic", "deviceclass.resource.kubernetes.io/sriov-nic", "a/b",
+                                   "nic.acme.io/VF_0.x", "example.com/" + "n" * 63, "example.com/" + "n" * 64,
+                                   "nic", "Example.com/nic", "example.com/nic/0", "example.com/", "/nic",
+                                   "example..com/nic", "-a.com/nic", "a-.com/nic", "a.com/-nic", "a.com/nic.",
+                                   "a_b.com/nic", "example.com/n ic"])
+def test_the_schema_takes_exactly_the_extended_resource_names_the_plugin_takes(value: str) -> None:
+    """`helm install` refuses what the keeper would refuse on every node later (a domain over 253 characters,
+    which a schema pattern cannot count apart from the name, is left to the keeper)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["extendedResourceName"]
+    schema_takes = jsonschema.Draft7Validator(schema).is_valid(value)
+    assert schema_takes == (value == "" or extended_resource_problem(value) is None), value
 
 
 def test_a_list_of_drivers_is_authorized_and_the_first_is_the_entry() -> None:
@@ -436,6 +465,8 @@ def test_plugin_log_dir_is_mounted_and_emptied_on_uninstall_only_when_set() -> N
                                  "cni.pluginAckTimeoutMs=60001", "cni.pluginHandoffWaitMs=-1",
                                  "cni.pluginAddressWaitMs=3001",
                                  "cni.pluginSpoolMaxFiles=lots", "cni.pluginSpoolMaxFiles=1.5",
+                                 # the plugin refuses these extended resource names (error 7 on every ADD)
+                                 "extendedResourceName=Example.com/nic", "extendedResourceName=nic",
                                  # the endpoints controller: at least one replica, options that look like one
                                  "endpoints.replicas=0", "endpoints.extraArgs[0]=debug", "endpoints.leaseDuration=1"])
 def test_a_typo_or_bad_value_is_refused(bad: str) -> None:

@@ -299,6 +299,25 @@ def test_uninstall_keeps_changes_made_after_install(tmp_root: Path) -> None:
     assert [p["type"] for p in after["plugins"]] == ["tuning", "bridge", "portmap"]
 
 
+def test_the_installer_writes_the_extended_resource_and_refuses_a_malformed_one(tmp_root: Path) -> None:
+    """`--extended-resource-name`: the DRA extended resource pods ask for in their containers' resources
+    instead of a claim. A re-run without it keeps it (as every setting); a name the plugin would refuse
+    leaves the conflist and the bin dir as they were."""
+    conflist = write_base(tmp_root)
+    run_install(*install_args(tmp_root, conflist, "--request", "nic", "--extended-resource-name", "example.com/nic"))
+    [entry] = netclaim_entries(conflist)
+    assert (entry["request"], entry["extendedResourceName"]) == ("nic", "example.com/nic")
+    run_install(*install_args(tmp_root, conflist, "--request", "nic"))
+    assert netclaim_entries(conflist)[0]["extendedResourceName"] == "example.com/nic"
+
+    before = conflist.read_bytes()
+    (tmp_root / "bin" / "netclaim").unlink()
+    proc = run_install(*install_args(tmp_root, conflist, "--extended-resource-name", "example.com/nic/0"), check=False)
+    assert proc.returncode != 0 and "extendedResourceName=example.com/nic/0" in proc.stderr, proc.stderr
+    assert conflist.read_bytes() == before
+    assert not (tmp_root / "bin" / "netclaim").exists(), "plugin written although the entry was refused"
+
+
 def test_unparsable_conflist_is_refused_and_left_untouched(tmp_root: Path) -> None:
     conflist = tmp_root / "10-broken.conflist"
     broken = b'{"cniVersion": "1.0.0", "name": "x", "plugins": [ {"type": "bridge",, } ]'
