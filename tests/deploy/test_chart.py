@@ -651,7 +651,9 @@ def test_the_endpoints_controller_is_opt_in_and_renders_a_leader_elected_non_roo
     assert dep["metadata"]["name"] == "edge-netclaim-endpoints" and dep["spec"]["replicas"] == 3
     pod = dep["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "edge-netclaim-endpoints"
-    assert not pod.get("hostNetwork") and not pod.get("volumes"), "no host access, nothing mounted but its token"
+    assert not pod.get("hostNetwork"), "no host access"
+    assert pod["volumes"] == [{"name": "probe", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}], \
+        "nothing mounted but its token and an empty directory for its probe socket"
     assert pod["securityContext"]["runAsNonRoot"] is True
     (c,) = pod["containers"]
     assert c["command"][-1] == "endpoints"
@@ -664,3 +666,29 @@ def test_the_endpoints_controller_is_opt_in_and_renders_a_leader_elected_non_roo
     assert "cpu" not in c["resources"].get("limits", {})
     # the publisher's DaemonSet and account are the same as without it
     assert one(docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == "edge-netclaim-publisher"
+
+
+def test_the_endpoints_controller_is_probed_on_its_health_paths_in_either_probe_mode() -> None:
+    """Liveness on /healthz (a watch that died or went quiet), readiness on /readyz (first lists done), asked as
+    the publisher's are: exec over a socket only the pod's own containers reach (the default), or httpGet to
+    the pod's IP where the controller listens (probes.mode=tcp); nothing else in the pod changes."""
+    def container(*sets: str) -> dict:
+        (dep,) = by_kind(render("endpoints.enabled=true", *sets), "Deployment")
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        return c
+
+    c = container()
+    assert "--probe-socket=/run/netclaim-endpoints/probe.sock" in c["args"]
+    assert c["volumeMounts"] == [{"name": "probe", "mountPath": "/run/netclaim-endpoints"}]
+    for kind, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert c[kind]["exec"]["command"][-3:] == ["publisher.observe.localprobe",
+                                                   "/run/netclaim-endpoints/probe.sock", path]
+        assert c[kind]["timeoutSeconds"] >= 5
+    assert c["livenessProbe"]["failureThreshold"] * c["livenessProbe"]["periodSeconds"] >= 30
+
+    c = container("probes.mode=tcp", "metrics.probePort=9470")
+    assert "--probe-address=$(POD_IP):9470" in c["args"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9470}, "no host: the pod's IP"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9470}
+    assert "volumeMounts" not in c
