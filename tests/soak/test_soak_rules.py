@@ -1,18 +1,40 @@
 """The soak's rules on made-up observations: when a bad condition becomes a violation, what counts as growth,
-which ADDs spooled outside a fault. Cheap; they keep the soak's verdicts honest."""
+which ADDs spooled outside a fault, which entries' data breaks the shipped schema. Cheap; they keep the soak's
+verdicts honest."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts" / "harness"))
 
 from benchlib.soak_checks import (  # noqa: E402
-    CLAIMED, Counters, FaultWindow, Look, NetnsView, Persistence, Sample, Sandbox, flatness, own_sandbox_problems,
-    readiness_verdict, spool_share)
+    CLAIMED,
+    Counters,
+    FaultWindow,
+    Look,
+    NetnsView,
+    Persistence,
+    Sample,
+    Sandbox,
+    SchemaRecord,
+    flatness,
+    own_sandbox_problems,
+    readiness_verdict,
+    spool_share,
+)
+from benchlib.soak_faults import FaultRecord  # noqa: E402
+from benchlib.soak_report import INVARIANTS, build, summary  # noqa: E402
+
+from cni_plugin.wire.event import Event, PodRef  # noqa: E402
+from publisher.reconcile.mapper import build_data  # noqa: E402
 
 
 def test_a_bad_condition_is_a_violation_only_after_its_grace_past_the_last_fault() -> None:
@@ -149,3 +171,149 @@ def test_a_short_refusal_healed_within_the_reread_interval_is_no_violation() -> 
     assert refused_spans([10.0, 30.0, 50.0], end=500.0) == [(10.0, 50.0)]
     assert refused_spans([10.0, 200.0], end=500.0) == [(10.0, 10.0), (200.0, 200.0)]
     assert refused_spans([450.0], end=500.0) == [(450.0, 500.0)]  # still refused at the end
+
+
+# ---------------------------------------------------------------- entries' data against the shipped schema
+
+SCHEMA_INVARIANT = "every entry's data matches the netclaim.dev/v1 schema"
+
+
+def netclaim_data() -> dict[str, Any]:
+    """An entry's data as the publisher writes it: a bridge + host-local result, the pod's eth0 (index 2)."""
+    result = {"cniVersion": "1.1.0",
+              "interfaces": [{"name": "cni0", "mac": "aa:bb:cc:00:00:01"},
+                             {"name": "veth1", "mac": "aa:bb:cc:00:00:02"},
+                             {"name": "eth0", "mac": "0a:58:0a:01:00:05", "sandbox": "/var/run/netns/x"}],
+              "ips": [{"address": "10.1.0.5/16", "gateway": "10.1.0.1", "interface": 2}],
+              "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}], "dns": {}}
+    event = Event(op="ADD", container_id="c" + "0" * 63, ifname="eth0", driver="drv", network="podnet",
+                  pod=PodRef("soak", "net-1", "u1"), result=result)
+    return build_data(event, 2)
+
+
+def claim_of(*entries: dict[str, Any], name: str = "net-1-net") -> dict[str, Any]:
+    return {"metadata": {"namespace": "soak", "name": name, "uid": f"uid-{name}"}, "status": {"devices": list(entries)}}
+
+
+def entry_of(data: dict[str, Any], driver: str = "drv", device: str = "nic0") -> dict[str, Any]:
+    return {"driver": driver, "pool": "node-1", "device": device, "data": data}
+
+
+FAULT = FaultRecord("publisher-sigkill", start=125.0, end=128.0)
+READY_AFTER_IT = [Sample(129.0, 7, "ready")]  # /readyz true 1 s after the fault: only the data can fail it
+
+
+def report_of(record: SchemaRecord, records: list[FaultRecord] = (), samples: list[Sample] = ()) -> dict[str, Any]:
+    """The soak's report (soak_report.build) of a run whose observer recorded `record`; nothing else seen."""
+    obs = SimpleNamespace(schema=record, own=Persistence("own"), stale=Persistence("stale"), samples=list(samples),
+                          plugin_log=SimpleNamespace(adds=[]), warnings={}, failed={}, sandboxes={},
+                          counters=Counters(), creds=[], shown={}, looks=3, incomplete=0, last_errors=[])
+    soak = SimpleNamespace(args=SimpleNamespace(minutes=5.0, interval=2.0, dir="cluster"), t0=100.0, node=None,
+                           observer=obs, workload=SimpleNamespace(started={}, steps=0), records=list(records),
+                           teardown_notes=[], keeper_log=[])
+    return build(soak, "")
+
+
+def without(key: str) -> Callable[[dict[str, Any]], None]:
+    return lambda d: d.pop(key)
+
+
+BREAKAGES = [
+    pytest.param(without("kind"), "'kind' is a required property", id="kind-missing"),
+    pytest.param(lambda d: d["ips"][0].update(address="10.1.0.5"), "ips/0/address: '10.1.0.5' does not match",
+                 id="ip-not-a-cidr"),
+    pytest.param(lambda d: d["interfaces"][0].update(mtu="1500"), "interfaces/0/mtu: '1500' is not of type 'integer'",
+                 id="mtu-a-string"),
+    pytest.param(lambda d: d.update(podIPs=[]), "podIPs: not documented", id="undocumented-field"),
+    pytest.param(lambda d: [d.pop("apiVersion"), d.pop("kind")], "'apiVersion' is a required property",
+                 id="unversioned-as-before"),
+]
+
+
+def test_entries_whose_data_matches_the_schema_record_nothing_and_the_invariant_holds() -> None:
+    record = SchemaRecord()
+    look = Look(at=110.0, claims=[claim_of(entry_of(netclaim_data()), entry_of(netclaim_data(), device="nic1"))])
+    record.observe(look, "drv")
+    record.observe(Look(at=112.0, claims=look.claims), "drv")
+    assert (record.count, record.first) == (0, [])
+    fig = report_of(record, [FAULT], READY_AFTER_IT)
+    assert SCHEMA_INVARIANT in INVARIANTS
+    verdict = fig["invariants"][SCHEMA_INVARIANT]
+    assert verdict["ok"] and verdict["detail"]["distinct_errors"] == 0 and fig["schema_errors"] == 0
+    (row,) = fig["faults"]
+    assert row["survived"] and row["schema_errors"] == 0, row
+
+
+@pytest.mark.parametrize("breakage, complaint", BREAKAGES)
+def test_an_entry_whose_data_breaks_the_schema_fails_the_invariant_naming_claim_device_and_error(
+        breakage: Callable[[dict[str, Any]], None], complaint: str) -> None:
+    data = netclaim_data()
+    breakage(data)
+    record = SchemaRecord()
+    good = entry_of(netclaim_data(), device="nic0")
+    record.observe(Look(at=130.0, claims=[claim_of(good, entry_of(data, device="nic1"))]), "drv")
+    fig = report_of(record, [FAULT], READY_AFTER_IT)
+    verdict = fig["invariants"][SCHEMA_INVARIANT]
+    assert not verdict["ok"] and not fig["ok"]
+    said = verdict["detail"]["first"]
+    assert any(line.startswith("claim soak/net-1-net device nic1 sandbox c00000000000 at 30.0s: ") and complaint in line
+               for line in said), said
+    assert not any("device nic0" in line for line in said), said
+    assert verdict["detail"]["distinct_errors"] == len(said) >= 1
+    (row,) = fig["faults"]
+    assert row["schema_errors"] == len(said) and not row["survived"]  # first seen after the fault began
+    assert f"FAIL {SCHEMA_INVARIANT}" in summary(fig) and complaint in summary(fig)
+
+
+def test_a_broken_entry_counts_once_while_it_stays_and_the_record_keeps_the_first_20() -> None:
+    data = netclaim_data()
+    data.pop("kind")
+    record = SchemaRecord()
+    broken = Look(at=10.0, claims=[claim_of(entry_of(data))])
+    for at in (10.0, 12.0, 14.0):  # the same entry on the claim at each look
+        record.observe(Look(at=at, claims=broken.claims), "drv")
+    assert record.count == 1 and [e.first_seen for e in record.first] == [10.0]
+    record.observe(Look(at=16.0, claims=[claim_of(entry_of(netclaim_data()))]), "drv")  # rewritten right
+    record.observe(Look(at=18.0, claims=broken.claims), "drv")  # and written wrong again: a new error
+    assert record.count == 2
+    many = Look(at=20.0, claims=[claim_of(entry_of(data), name=f"other-{i}") for i in range(30)])
+    record.observe(many, "drv")
+    assert record.count == 32 and len(record.first) == 20
+    assert record.verdict()["detail"]["distinct_errors"] == 32
+
+
+def test_entries_of_another_driver_or_another_writers_data_are_not_held_to_netclaims_schema() -> None:
+    data = netclaim_data()
+    data.pop("kind")
+    other_driver = entry_of(data, driver="gpu.example.com", device="gpu0")
+    other_writer = entry_of({"slot": 3, "kind": "Something"}, device="nic2")
+    record = SchemaRecord()
+    record.observe(Look(at=10.0, claims=[claim_of(other_driver, other_writer)]), "drv")
+    assert (record.count, record.first) == (0, [])
+    assert report_of(record)["invariants"][SCHEMA_INVARIANT]["ok"]
+    # The control: the same data under netclaim's driver is recorded.
+    record.observe(Look(at=12.0, claims=[claim_of(other_driver, other_writer, entry_of(data, device="nic0"))]), "drv")
+    assert record.count == 1 and record.first[0].device == "nic0"
+
+
+def test_each_look_of_the_soak_holds_the_claims_entries_to_the_schema() -> None:
+    """soak.Observer.check on a look it did not have to fetch (no cluster here: look, the netns views and the
+    node are stand-ins); the rules above judge what it records."""
+    from benchlib.soak import Observer
+
+    data = netclaim_data()
+    data["ips"][0]["address"] = "10.1.0.5"
+    observer = Observer.__new__(Observer)
+    observer.driver, observer.node = "drv", SimpleNamespace(unchained=[])
+    observer.workload = SimpleNamespace(seen=lambda pods: None)
+    observer.window, observer.own, observer.stale = FaultWindow(), Persistence("own"), Persistence("stale")
+    observer.schema, observer.shown = SchemaRecord(), {}
+    observer.looks = observer.incomplete = 0
+    observer.last_errors = []
+    observer.look = lambda: Look(at=50.0, claims=[claim_of(entry_of(netclaim_data(), device="nic0"),
+                                                           entry_of(data, device="nic1"))])
+    observer.views = lambda look: {}
+    observer.check(1)
+    assert observer.looks == 1
+    recorded = [(e.device, e.error) for e in observer.schema.first]
+    assert recorded == [("nic1", "ips/0/address: '10.1.0.5' does not match '/'")], recorded

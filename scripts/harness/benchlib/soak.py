@@ -30,7 +30,10 @@ within 10 s of a conflist rewrite; no ADD spooled outside a fault; after
 each rotation the publisher reloads its credentials and the claimed pods
 started after it get their status, the keeper lists again with the new
 token, and neither is refused (401) for longer than the re-read interval +
-10 s. Results:
+10 s; every netclaim entry's `data` at every look matches the schema netclaim
+ships (conf/schema/netclaim.dev_v1_CNIResult.schema.json), with no grace:
+entries written while a publisher restarts mid-apply, a token rotates or the
+API server restarts are held to it like any other. Results:
 <out>/soak.json, a summary on stdout, --plot PNG, --doc markdown section.
 """
 
@@ -170,6 +173,7 @@ class Observer:
         self.window = checks.FaultWindow()
         self.own = checks.Persistence("claim shows its pod's own sandbox")
         self.stale = checks.Persistence("no entry names a gone sandbox")
+        self.schema = checks.SchemaRecord()  # every netclaim entry's data against its shipped schema
         self.samples: list[checks.Sample] = []
         self.sandboxes: dict[str, checks.Sandbox] = {}  # every sandbox ever seen
         self.pids: dict[str, int] = {}
@@ -262,6 +266,7 @@ class Observer:
         self.note_shown(look, views)
         self.own.observe(look.at, own, self.window)
         self.stale.observe(look.at, checks.stale_entries(look, self.driver), self.window)
+        self.schema.observe(look, self.driver)
         if tick % 5 == 0:
             self.events()
 

@@ -8,6 +8,8 @@ A condition (a claim that does not show its pod's sandbox, an entry naming a
 sandbox that is gone) becomes a violation only when it has been seen
 continuously for more than GRACE seconds counted from the later of its first
 sighting and the end of the last fault, and never while a fault is going on.
+An entry whose `data` breaks the schema netclaim ships has no grace: it is
+recorded at the first look that sees it (SchemaRecord), fault or not.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Hashable
+
+from runtime.dataschema import SCHEMA_NAME, data_errors, is_netclaims, schema
 
 GRACE = 10.0
 REPORTING_CONTROLLER = "netclaim.dev/publisher"
@@ -227,6 +231,80 @@ def stale_entries(look: Look, driver: str) -> dict[Hashable, str]:
             bad[key] = (f"claim {meta['namespace']}/{meta['name']} device {entry.get('device')} names sandbox "
                         f"{sandbox[:12] or '(none)'} ({state}); ips {(entry.get('networkData') or {}).get('ips')}")
     return bad
+
+
+# ---------------------------------------------------------------- entries' data against its schema
+
+
+@dataclass
+class SchemaError:
+    """One thing wrong with one entry's `data`, as first seen."""
+
+    claim: str  # namespace/name
+    device: str
+    sandbox: str  # data.containerID as written (the first 12 characters)
+    error: str  # the schema's complaint (runtime/dataschema.py's data_errors), cut to ERROR_CHARS
+    first_seen: float
+
+
+ERROR_CHARS = 300  # a complaint may quote the whole data (up to 10 KiB): the start says what is wrong
+
+
+def schema_problems(look: Look, driver: str) -> dict[Hashable, SchemaError]:
+    """Every error of every netclaim entry's `data` in this look, by (claim uid, device, sandbox, error).
+
+    The entries of `driver` whose data is netclaim's (dataschema.is_netclaims: its apiVersion, or the
+    unversioned shape of before, which is itself the error to catch); another driver's entries and
+    another writer's data are not looked at, as in every other reader of the suite."""
+    found: dict[Hashable, SchemaError] = {}
+    for claim in look.claims:
+        meta = claim.get("metadata") or {}
+        for entry in entries_of(claim, driver):
+            data = entry.get("data")
+            if not is_netclaims(data):
+                continue
+            device, sandbox = str(entry.get("device", "")), entry_sandbox(entry)[:12]
+            for error in data_errors(data):
+                error = error[:ERROR_CHARS]
+                found[(meta.get("uid", ""), device, sandbox, error)] = SchemaError(
+                    f"{meta.get('namespace')}/{meta.get('name')}", device, sandbox, error, look.at)
+    return found
+
+
+class SchemaRecord:
+    """The distinct schema errors the looks saw: the first `keep` in full, and how many there were.
+
+    No grace and no fault window: netclaim never writes data its schema refuses, whatever state it is
+    in. An error is one (claim, device, sandbox, complaint); it counts once while it stays on the
+    claim and again if it comes back after it was gone (the entry was written again). Memory is
+    the first `keep` errors plus the errors of the last look, whatever the length of the run."""
+
+    def __init__(self, keep: int = 20) -> None:
+        schema()  # the validator loads now (the test extra's jsonschema): a soak that cannot check fails at setup
+        self.keep = keep
+        self.first: list[SchemaError] = []
+        self.count = 0
+        self.current: set[Hashable] = set()
+
+    def observe(self, look: Look, driver: str) -> None:
+        """One complete look; the errors absent from it are gone."""
+        found = schema_problems(look, driver)
+        for key, error in found.items():
+            if key in self.current:
+                continue
+            self.count += 1
+            if len(self.first) < self.keep:
+                self.first.append(error)
+        self.current = set(found)
+
+    def lines(self, t0: float = 0.0) -> list[str]:
+        """The recorded errors as a reader wants them (times in seconds after `t0`)."""
+        return [f"claim {e.claim} device {e.device} sandbox {e.sandbox or '(none)'} at {e.first_seen - t0:.1f}s: "
+                f"{e.error}" for e in self.first]
+
+    def verdict(self, t0: float = 0.0) -> dict[str, Any]:
+        return {"ok": self.count == 0, "detail": {"schema": SCHEMA_NAME, "distinct_errors": self.count,
+                                                  "first": self.lines(t0)}}
 
 
 # ---------------------------------------------------------------- the publisher's side

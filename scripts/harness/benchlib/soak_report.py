@@ -33,6 +33,7 @@ INVARIANTS = (
     "faults injected without injector errors",
     "claims show their pod's own sandbox (10 s after the last fault)",
     "no entry names a gone sandbox after 10 s",
+    "every entry's data matches the netclaim.dev/v1 schema",
     "zero Warning Events about ordinary pods",
     "zero failed events for ordinary pods",
     "publisher RSS/threads/fds flat",
@@ -68,12 +69,15 @@ def _fault_rows(soak: "Soak", spool: list[dict[str, Any]]) -> list[dict[str, Any
             a["handoff"] != "acked" and a["after"] <= r.end and a["read"] >= r.start for a in spool))
         ready = checks.readiness_verdict({"start": r.start, "end": r.end}, samples, soak.args.interval, blocked)
         died = [c for c in crashes if r.start <= c.at < until]
+        broken = [e for e in (obs.schema.first if obs else []) if r.start <= e.first_seen < until]
         rechain_ok = not (r.name == "conflist-rewrite" and not any(
             n.startswith("re-chained after") and float(n.split()[2].rstrip("s")) <= checks.GRACE for n in r.notes))
-        survived = (not mine and ready["ok_after"] and ready["ok_during"] and not died and not r.errors and rechain_ok)
+        survived = (not mine and not broken and ready["ok_after"] and ready["ok_during"] and not died
+                    and not r.errors and rechain_ok)
         rows.append({"name": r.name, "start_s": _rel(r.start, t0), "end_s": _rel(r.end, t0),
                      "duration_s": round(r.end - r.start, 1), "notes": r.notes, "errors": r.errors,
-                     "readiness": ready, "violations": len(mine), "crashes": [c.component for c in died],
+                     "readiness": ready, "violations": len(mine), "schema_errors": len(broken),
+                     "crashes": [c.component for c in died],
                      "rechained_in_time": rechain_ok, "survived": survived})
     return rows
 
@@ -149,6 +153,8 @@ def build(soak: "Soak", failure: str) -> dict[str, Any]:
             "ok": not obs or not obs.own.violations, "detail": len(obs.own.violations) if obs else 0},
         "no entry names a gone sandbox after 10 s": {"ok": not obs or not obs.stale.violations,
                                                      "detail": len(obs.stale.violations) if obs else 0},
+        "every entry's data matches the netclaim.dev/v1 schema": (
+            obs.schema.verdict(t0) if obs else {"ok": True, "detail": "no look"}),
         "zero Warning Events about ordinary pods": {"ok": not warnings, "detail": warnings[:10]},
         "zero failed events for ordinary pods": {"ok": not failed, "detail": failed[:10]},
         "publisher RSS/threads/fds flat": {"ok": bool(flat.get("judged") and flat.get("ok")), "detail": flat},
@@ -180,6 +186,7 @@ def build(soak: "Soak", failure: str) -> dict[str, Any]:
         "ok": all(v["ok"] for v in invariants.values()),
         "invariants": invariants,
         "faults": faults,
+        "schema_errors": obs.schema.count if obs else 0,
         "faults_survived": f"{sum(f['survived'] for f in faults)}/{len(faults)}",
         "violations": [{**checks.as_dicts([v])[0], "first_seen_s": _rel(v.first_seen, t0),
                         "counted_at_s": _rel(v.counted_at, t0), "last_seen_s": _rel(v.last_seen, t0)}
@@ -204,7 +211,8 @@ def summary(fig: dict[str, Any]) -> str:
     for f in fig["faults"]:
         r = f["readiness"]
         lines.append(f"  {'ok ' if f['survived'] else 'BAD'} {f['name']:<20} t={f['start_s']:>6}s {f['duration_s']:>5}s "
-                     f"violations={f['violations']} ready_after={r['ready_after_s']}s "
+                     f"violations={f['violations']} schema_errors={f['schema_errors']} "
+                     f"ready_after={r['ready_after_s']}s "
                      f"not_ready_during={r['not_ready_during']}/{r['samples_during']}"
                      + (f" crashes={f['crashes']}" if f["crashes"] else "") + (f" errors={f['errors']}" if f["errors"] else ""))
     lines.append("invariants:")
@@ -274,13 +282,15 @@ def write_doc(fig: dict[str, Any], doc: Path, png: Path | None) -> None:
         "quiet; the invariants are checked every 2 s from the API, crictl and each pod's own netns",
         "(scripts/harness/benchlib/soak.py). The cycle includes credential rotation: the publisher's and the",
         "chain keeper's token files are replaced the way kubelet rotates a projected token and the old token is",
-        "revoked, without restarting either; each must reload and work on (soak_tokens.py).",
-        "A fault counts as survived when no violation was first seen between its",
+        "revoked, without restarting either; each must reload and work on (soak_tokens.py). At every look each",
+        "netclaim entry's `data` is held to the schema netclaim ships, with no grace, faults or not.",
+        "A fault counts as survived when no violation and no schema error was first seen between its",
         "start and the next fault, /readyz behaved, no node service died and the injector worked; a wrong",
         "state that an earlier fault caused shows up at the next claimed pod start, so read the violations too.",
         "", "| figure | value |", "|---|---|",
         f"| faults survived | {fig['faults_survived']} |",
         f"| wrong entries seen (violations) | {len(fig['violations'])} |",
+        f"| entries' data errors against the netclaim.dev/v1 schema | {fig['schema_errors']} |",
         f"| pod starts (ordinary / claimed) | {w['pod_starts_ordinary']} / {w['pod_starts_claimed']} |",
         f"| ADDs not acked (had to spool) | {s['adds_not_acked']} of {s['adds']} ({s['share_not_acked'] * 100:.1f} %), "
         f"{s['not_acked_outside_faults']} outside faults (target 0) |",
