@@ -251,7 +251,8 @@ class Event(_Record):
                 raise WireError(f"event field {name!r} must be a non-empty string")
         if data["op"] not in OPS:
             raise WireError(f"event op {data['op']!r} is not one of {', '.join(OPS)}")
-        for name in ("netns", "network", "request", "extended_resource", "device_id", "check_error", "cni_version", "event_id"):
+        for name in ("netns", "network", "request", "extended_resource", "device_id", "check_error", "cni_version",
+                     "event_id"):
             if name in data and not isinstance(data[name], str):
                 raise WireError(f"event field {name!r} must be a string")
         pod = data.get("pod")
