@@ -116,6 +116,13 @@ def _reserved_for(claim: dict[str, Any], pod_uid: str) -> bool:
     return any(r.get("uid") == pod_uid for r in (claim.get("status") or {}).get("reservedFor") or [])
 
 
+def servable(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether an EndpointSlice may carry the address: the API server refuses a slice with an unspecified,
+    loopback, link-local or multicast one (and the whole slice, every pod's endpoint in it, with it)."""
+    return not (ip.is_unspecified or ip.is_loopback or ip.is_link_local or ip.is_multicast
+                or (isinstance(ip, ipaddress.IPv6Address) and (ip.scope_id or ip.ipv4_mapped)))
+
+
 @dataclass(frozen=True)
 class Address:
     """One address the pod serves on the network: its entry's readiness and the IP without its prefix."""
@@ -147,6 +154,8 @@ def addresses(pod: dict[str, Any], claims: dict[str, dict[str, Any]], sel: Selec
                 try:
                     ip = ipaddress.ip_interface(cidr).ip
                 except ValueError:
+                    continue
+                if not servable(ip):
                     continue
                 if str(ip) not in seen:
                     seen.add(str(ip))
