@@ -38,10 +38,11 @@ def chain_keeper(once: bool, uninstall_now: bool, log_format: str, log_level: st
     if contact.daemonset and not contact.namespace:
         raise click.UsageError("--daemonset needs --namespace")
     kube = None if once else api_client_or_none(contact)
-    decide = owner_decision(kube, contact)
+    decide, looked = owner_decision(kube, contact)
     cfg.teardown = RuntimeTeardown(contact.runtime_teardown, kube, contact.node_name)
     cfg.teardown.learn()  # now: the release's RBAC is being deleted when an uninstall's SIGTERM comes
     reporting = options.reporting_from(values)
+    reporting.owner_looked = looked
     if kube is not None and contact.node_name:
         reporting.events = contest_events(kube, contact.node_name)
     sys.exit(keeperprogram.run_keeper(cfg, once, decide, stop, reporting))
@@ -65,14 +66,17 @@ def api_client_or_none(contact: options.Contact) -> Any:
         return None
 
 
-def owner_decision(kube: Any, contact: options.Contact) -> Callable[[], str] | None:
-    """The uninstall-or-upgrade decision on SIGTERM, or None when no --daemonset is watched (never clean up).
+def owner_decision(kube: Any, contact: options.Contact) -> tuple[Callable[[], str] | None,
+                                                                  Callable[[], bool] | None]:
+    """The uninstall-or-upgrade decision on SIGTERM and whether the watch has looked yet (readiness waits
+    for it), or (None, None) when no --daemonset is watched (never clean up).
 
     The DaemonSet is watched from the first moment: the proof of an uninstall must be in hand
-    before SIGTERM. Without an API client the answer is `unknown`, which keeps the node as it is.
+    before SIGTERM. Without an API client the answer is `unknown`, which keeps the node as it is
+    (and readiness does not wait on a look that can never come: the log said why at start).
     """
     if not contact.daemonset:
-        return None
+        return None, None
     from publisher.keeper import keeper as chainkeeper
 
     owner = None
@@ -85,7 +89,7 @@ def owner_decision(kube: Any, contact: options.Contact) -> Callable[[], str] | N
     def decide() -> str:
         return owner.decide(chainkeeper.DECIDE_WITHIN) if owner is not None else "unknown"
 
-    return decide
+    return decide, (owner.looked if owner is not None else None)
 
 
 def keeper_kube(kubeconfig: str | None) -> Any:

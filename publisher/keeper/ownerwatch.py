@@ -31,6 +31,10 @@ refused. When the final GET does answer, it wins: a DaemonSet that is
 there again under a new UID (deleted and re-created by an upgrade) means
 keep.
 
+Until the watch's first answer the keeper is not ready (program.readiness): a SIGTERM then
+would find nothing in hand, so a rollout, and `helm upgrade --wait` with it, waits for the look
+before it counts the pod ready and an uninstall can follow.
+
 Cost: one LIST (fieldSelector metadata.name, at most one item) at start and
 after each broken watch, and one open watch per node; both are allowed by
 the Role's `resourceNames` because the name is in the field selector.
@@ -122,6 +126,11 @@ class OwnerWatch:
     def observation(self) -> Observation:
         with self._lock:
             return self._obs
+
+    def looked(self) -> bool:
+        """Whether the API has answered about the DaemonSet at all since the keeper started: before
+        that, a SIGTERM could not tell an uninstall from an upgrade (program.readiness)."""
+        return self.observation().state != UNKNOWN
 
     def _see(self, obs: Observation) -> None:
         """Record an observation; log the changes of state (a deletion is the one that matters)."""

@@ -55,16 +55,37 @@ class Reporting:
     probe_socket: str = ""
     # Given the outcome counter, the (conflist, note) warner that posts a Warning Event on the Node.
     events: Callable[[Callable[[str], None]], Callable[[str, str], None]] | None = None
+    # Whether the owner watch has seen the keeper's DaemonSet yet (None: no DaemonSet is watched).
+    owner_looked: Callable[[], bool] | None = None
 
 
-def start_health(address: str, keeper: ChainKeeper, probes_only: bool = False) -> Any:
+OWNER_NOT_LOOKED = (" owner=not-looked-yet (the keeper's DaemonSet is not read yet: an uninstall now would keep the"
+                    " node chained)")
+
+
+def readiness(keeper: ChainKeeper, owner_looked: Callable[[], bool] | None) -> tuple[bool, str]:
+    """/readyz: the node's chain state and, where the keeper watches its own DaemonSet, that it has looked.
+
+    Until the owner watch's first answer, a SIGTERM cannot tell an uninstall from an upgrade and keeps the
+    node chained (publisher/keeper/ownerwatch.py). Not ready until then, so a rollout, and with it `helm
+    upgrade --wait`, counts this pod ready only once an uninstall would be recognised. The line keeps its
+    form (the publisher's heartbeat reads `chained conflist=X` from it); the note goes at its end.
+    """
+    ready, line = keeper.status.ready()
+    if owner_looked is not None and not owner_looked():
+        return False, line + OWNER_NOT_LOOKED
+    return ready, line
+
+
+def start_health(address: str, keeper: ChainKeeper, probes_only: bool = False,
+                 owner_looked: Callable[[], bool] | None = None) -> Any:
     """The publisher's bounded server (publisher/observe/metrics.py) with the keeper's registry, readiness
     and liveness (its heartbeat); with `probes_only` the probe listener (no /metrics, threads of its own).
     `address` is host:port, or the path of a unix socket."""
     from publisher.observe.metrics import HealthServer
 
     # The status object is replaced on every change: read it at request time.
-    server = HealthServer(address, keeper.metrics, lambda: keeper.status.ready(),
+    server = HealthServer(address, keeper.metrics, lambda: readiness(keeper, owner_looked),
                           live=keeper.heartbeat.live, probes_only=probes_only)
     server.start()
     what = "probe socket" if address.startswith("/") else "probes" if probes_only else "metrics"
@@ -72,14 +93,15 @@ def start_health(address: str, keeper: ChainKeeper, probes_only: bool = False) -
     return server
 
 
-def keep_health(listener: str, address: str, keeper: ChainKeeper, probes_only: bool = True) -> Any:
+def keep_health(listener: str, address: str, keeper: ChainKeeper, probes_only: bool = True,
+                owner_looked: Callable[[], bool] | None = None) -> Any:
     """start_health now, or as soon as `address` is free (publisher/observe/listeners.py): the keeper that held
     the node lock before this one (the pods share the host's network and run dir) closes its listeners just
     after letting the lock go, and a port a local account took must not stop the keeper from keeping the
     chain. None without an address."""
     from publisher.observe.listeners import keep_listening
 
-    return keep_listening(listener, address, lambda: start_health(address, keeper, probes_only),
+    return keep_listening(listener, address, lambda: start_health(address, keeper, probes_only, owner_looked),
                           lambda name: keeper.metrics.listen_taken.labels(name).inc())
 
 
@@ -109,14 +131,16 @@ def run_keeper(cfg: KeeperConfig, once: bool, decide: Callable[[], str] | None,
     signalled = stop.signals
     # The probe listeners first: waiting for the node lock is alive (/healthz), not ready (/readyz). While the
     # keeper holding the lock still listens there, they open once it lets go (its probes answer meanwhile).
-    probes = (keep_health("probe", reporting.probe_address, keeper),
-              keep_health("probe-socket", reporting.probe_socket, keeper))
+    looked = reporting.owner_looked
+    probes = (keep_health("probe", reporting.probe_address, keeper, owner_looked=looked),
+              keep_health("probe-socket", reporting.probe_socket, keeper, owner_looked=looked))
     if lock is not None and not take_node(lock, stop.event, keeper.heartbeat):
         log.info("chain keeper stopped while waiting for the node lock: nothing done")
         stop_all(probes)
         return 0
     keeper.heartbeat.enter(STARTING)
-    listeners = (keep_health("metrics", reporting.metrics_address, keeper, probes_only=False), *probes)
+    listeners = (keep_health("metrics", reporting.metrics_address, keeper, probes_only=False, owner_looked=looked),
+                 *probes)
     log.info("chain keeper started", extra={"conf_dir": str(cfg.conf_dir), "conflist": cfg.conflist or "(first)",
                                             "poll_interval": cfg.poll_interval})
     if lock is not None:

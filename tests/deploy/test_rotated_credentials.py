@@ -30,9 +30,19 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
 from runtime import identity
-from test_chain_keeper import CILIUM, PRIMARY, Node, OtherWriter, cilium_exclusive, keeper_log, running_keeper, wait
+from test_chain_keeper import (
+    CILIUM,
+    PRIMARY,
+    Node,
+    OtherWriter,
+    cilium_exclusive,
+    get,
+    keeper_log,
+    probes_port,
+    running_keeper,
+    wait,
+)
 
 pytestmark = pytest.mark.controlplane
 
@@ -196,4 +206,38 @@ def test_the_keeper_keeps_working_after_its_token_is_rotated_and_the_old_one_ref
         assert sorted(os.listdir(node.bin_d)) == [], said
         assert list(node.spool.parent.iterdir()) == [], said
     finally:
+        keeper_id.cleanup()
+
+
+def test_the_keeper_turns_ready_only_once_it_has_looked_at_its_daemonset(
+        tmp_root: Path, plugin_binary: Path, control_plane: Any, api_client: client.ApiClient) -> None:
+    """A keeper that has not yet read its own DaemonSet could not tell an uninstall's SIGTERM from an upgrade's
+    and would leave the node chained; a `helm uninstall` right after `helm upgrade --wait` hit exactly that.
+    So /readyz waits for the owner watch's first answer: with the API server down at start the keeper still
+    chains the node (the chain never waits on the API) and its /readyz line says `chained`, but it answers 503
+    and names the missing look; once the API server is back and the watch has listed, it turns ready."""
+    node = Node(tmp_root)
+    node.write("10-calico.conflist", PRIMARY)
+    keeper_id = KeeperIdentity(api_client, tmp_root, control_plane.server, control_plane.ca_file).setup()
+    stopped = False
+    try:
+        control_plane.stop_apiserver()
+        stopped = True
+        with running_keeper(node, plugin_binary, tmp_root, f"--kubeconfig={keeper_id.kubeconfig}",
+                            f"--daemonset={keeper_id.daemonset}", f"--namespace={NAMESPACE}",
+                            "--probe-address=127.0.0.1:0", "--cni-cache-dir=") as keeper:
+            port = probes_port(keeper, tmp_root)
+            wait(lambda: node.chained("10-calico.conflist"), "the first chaining, API server down", keeper, tmp_root)
+            code, body = get(port, "/readyz")
+            assert code == 503 and body.startswith("chained conflist=10-calico.conflist"), (code, body)
+            assert "owner=not-looked-yet" in body, body
+            control_plane.start_apiserver()
+            stopped = False
+            wait(lambda: get(port, "/readyz")[0] == 200, "ready once the owner watch has listed", keeper, tmp_root,
+                 timeout=120)
+            assert owner_seen(tmp_root, "present"), keeper_log(tmp_root)
+            assert "owner=" not in get(port, "/readyz")[1]
+    finally:
+        if stopped:
+            control_plane.start_apiserver()
         keeper_id.cleanup()
