@@ -8,13 +8,14 @@ worker or housekeeping runs:
 
 1. the claims to look at: those of the pods bound to this node (one paged list) and those
    the set-aside journal names, when it still reads (its attachments are only hints: which
-   claims, and each sandbox's netns path, request and device ID);
+   claims, and each sandbox's netns path, request, device ID and pod);
 2. on each claim (one GET), the entries this node's field manager owns: each names its
    sandbox (`data.containerID`) and interface (`networkData.interfaceName`);
 3. an entry is a live sandbox's when a pod on this node that uses the claim holds its
    reservation (by its UID or its PodGroup: publisher/reconcile/reservation.py) and, where
    the hint names the sandbox's netns and its directory is visible here, that netns still
-   exists. Those are written to the journal as attachments, ranked
+   exists; of a claim shared by several pods here, the sandbox is the pod's the hint names
+   (sandbox_pod). Those are written to the journal as attachments, ranked
    below every event of this boot (so a spooled or late ADD, CHECK or DEL of the sandbox
    wins); the others are not;
 4. every claim looked at is marked dirty: housekeeping's start-up reconcile (the one path that
@@ -52,6 +53,7 @@ class Hint:
     request: str = ""
     device_id: str = ""
     extended_resource: str = ""
+    pod_uid: str = ""  # the pod whose sandbox it was: of a shared claim's users, that one
 
 
 @dataclass
@@ -76,7 +78,7 @@ def read_hints(path: str) -> dict[tuple[str, str], Hint]:
     try:
         have = {row[1] for row in db.execute("PRAGMA table_info(attachments)")}
         wanted = ["container_id", "ifname", "claim_namespace", "claim_name", "netns", "request", "device_id",
-                  "extended_resource"]
+                  "extended_resource", "pod_uid"]
         cols = [c if c in have else "''" for c in wanted]
         if "''" in cols[:4]:
             return {}
@@ -85,8 +87,8 @@ def read_hints(path: str) -> dict[tuple[str, str], Hint]:
         return {}
     finally:
         db.close()
-    return {(str(cid), str(ifn)): Hint((str(ns), str(name)), str(netns), str(req), str(dev), str(ext))
-            for cid, ifn, ns, name, netns, req, dev, ext in rows}
+    return {(str(cid), str(ifn)): Hint((str(ns), str(name)), str(netns), str(req), str(dev), str(ext), str(uid))
+            for cid, ifn, ns, name, netns, req, dev, ext, uid in rows}
 
 
 def netns_gone(path: str) -> bool:
@@ -117,6 +119,17 @@ def node_pods(kube: Kube, node: str) -> list[NodePod]:
             return pods
 
 
+def sandbox_pod(users: list[NodePod], hint: Hint) -> NodePod | None:
+    """Which of the claim's users on this node the sandbox belongs to: the pod the set-aside journal
+    named, when it did (None when that pod no longer uses the claim: the sandbox is a dead pod's); else
+    the first user. An entry names its sandbox, not its pod, so without a hint a claim shared by
+    several pods on this node is credited to one of them: its entry is then kept while that pod
+    lives, and the owner's next ADD, CHECK or DEL (ranked above the rebuild) sets it right."""
+    if hint.pod_uid:
+        return next((p for p in users if p.uid == hint.pod_uid), None)
+    return users[0] if users else None
+
+
 def live_attachments(claim: dict[str, Any], manager: str, pods: list[NodePod],
                      hints: dict[tuple[str, str], Hint], stamp: list) -> tuple[list[Attachment], int]:
     """The claim's entries owned by `manager` that belong to a live sandbox, as attachments,
@@ -135,10 +148,10 @@ def live_attachments(claim: dict[str, Any], manager: str, pods: list[NodePod],
         data, net = entry.get("data") or {}, entry.get("networkData") or {}
         cid, ifname = str(data.get("containerID") or ""), str(net.get("interfaceName") or "")
         hint = hints.get((cid, ifname), Hint((ns, name)))
-        if not cid or not ifname or not users or netns_gone(hint.netns):
+        pod = sandbox_pod(users, hint)
+        if not cid or not ifname or pod is None or netns_gone(hint.netns):
             dead += 1
             continue
-        pod = users[0]
         out.append(Attachment(
             container_id=cid, ifname=ifname, driver=entry.get("driver", ""), network=str(data.get("network") or ""),
             pod_namespace=pod.namespace, pod_name=pod.name, pod_uid=pod.uid, claim_namespace=ns, claim_name=name,
