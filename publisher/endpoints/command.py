@@ -64,7 +64,8 @@ class Program:
 
         if not self.election.acquire(self.stopping):
             return 0
-        self.controller = Controller(self.kube, self.cfg.namespace, beat=self.probes.beat)
+        self.controller = Controller(self.kube, self.cfg.namespace, beat=self.probes.beat,
+                                     may_write=self.election.holds)
         worker = self.controller.start(self.stopping)
         self.probes.lead(self.controller.caches, worker)
         kept = self.election.keep(self.stopping)

@@ -21,6 +21,11 @@ from publisher.endpoints.api import EndpointsKube
 from publisher.endpoints.watch import Cache, Key, key_of
 from publisher.kube.calls import ApiError, NotFound
 
+
+class NotLeading(Exception):
+    """A write refused here: this replica's Lease renewal is overdue, another may lead (election.holds)."""
+
+
 RETRY_AFTER_FAILURE = 1.0  # seconds before a Service whose write failed is tried again (doubling up to 30)
 RETRY_CAP = 30.0
 
@@ -57,10 +62,12 @@ class Controller:
     """Keeps the slices of every annotated Service (in `namespace`, or all namespaces when empty)."""
 
     def __init__(self, kube: EndpointsKube, namespace: str = "",
-                 beat: Callable[[str], None] = lambda _loop: None) -> None:
+                 beat: Callable[[str], None] = lambda _loop: None,
+                 may_write: Callable[[], bool] = lambda: True) -> None:
         self.kube = kube
         self.namespace = namespace
         self.beat = beat  # told `worker` after each pass of the worker's loop (publisher/endpoints/probes.py)
+        self.may_write = may_write  # asked before every write: the Lease still ours (election.holds)
         scope = f"/namespaces/{namespace}" if namespace else ""
         self.services = Cache(kube, "services", f"/api/v1{scope}/services", self._service_changed)
         self.pods = Cache(kube, "pods", f"/api/v1{scope}/pods", self._namespace_changed)
@@ -159,12 +166,16 @@ class Controller:
             self._retry[key] = wait
             logs.get().warning("slices not written, trying again", extra={
                 "service": f"{key[0]}/{key[1]}", "error": str(exc)[:300], "retry_in": wait},
-                exc_info=not isinstance(exc, ApiError))
+                exc_info=not isinstance(exc, (ApiError, NotLeading)))
             timer = threading.Timer(wait, lambda: None if stopping.is_set() else self.mark(key))
             timer.daemon = True
             timer.start()
 
     # ------------------------------------------------------------------ one Service
+
+    def _fence(self) -> None:
+        if not self.may_write():
+            raise NotLeading("the Lease was not renewed in time: another replica may lead; not writing")
 
     def desired(self, key: Key) -> list[dict[str, Any]]:
         """The slice bodies the Service `key` should have now ([] when it asks for none)."""
@@ -208,6 +219,7 @@ class Controller:
                 with self._cond:
                     self._applied[skey] = digest
                 continue
+            self._fence()
             self.kube.apply_slice(body)
             self.stats.applies += 1
             with self._cond:
@@ -217,6 +229,7 @@ class Controller:
             if skey in names or skey in self._deleting or \
                     ((sl.get("metadata") or {}).get("labels") or {}).get(slices.SERVICE_NAME) != name:
                 continue
+            self._fence()
             try:
                 self.kube.delete_slice(*skey)
             except NotFound:

@@ -11,6 +11,11 @@ as kube-controller-manager's:
 - the leader renews every `retry` seconds; when it has not renewed for `renew_deadline`
   seconds it has lost, and the program exits (the Deployment restarts it as a standby) rather
   than keep writing beside a new leader;
+- the leader writes a slice only while `holds()`: less than `renew_deadline` seconds since the
+  start of its last successful renewal. A standby cannot take over before `leaseDurationSeconds`
+  from the moment it saw that renewal, which came after that start, so even a leader whose
+  renewal hangs (an API server that answers the Lease late) stops writing before another can
+  begin (client-go's leader loses the Lease only once its renewal call returns);
 - on SIGTERM the leader gives the Lease up (empty holder, duration 1 s), so a standby takes over
   at its next try instead of after a whole lease duration.
 """
@@ -50,6 +55,7 @@ class Election:
     _observed: tuple[str, str] = ("", "")  # (resourceVersion, holder) of the record last seen
     _observed_at: float = 0.0
     _lease: dict[str, Any] | None = None
+    renewed_at: float = 0.0  # clock() at the start of the last round that wrote the Lease as this candidate's
 
     def _spec(self, spec: dict[str, Any], taking: bool) -> dict[str, Any]:
         now = micro_time()
@@ -62,6 +68,7 @@ class Election:
 
     def try_acquire_or_renew(self) -> bool:
         """One round: True when this candidate holds the Lease after it."""
+        started = self.clock()
         with self.kube.purpose("leader-lease"):
             try:
                 lease = self.kube.get_lease(self.namespace, self.name)
@@ -72,6 +79,7 @@ class Election:
                         "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec({}, True)}
                 self._lease = self.kube.create_lease(self.namespace, body)
                 self.transitions += 1
+                self.renewed_at = started
                 return True
             spec = lease.get("spec") or {}
             holder = spec.get("holderIdentity") or ""
@@ -89,6 +97,7 @@ class Election:
             self._observed_at = self.clock()
             if taking:
                 self.transitions += 1
+            self.renewed_at = started
             return True
 
     def _round(self) -> bool:
@@ -112,13 +121,15 @@ class Election:
             stopping.wait(self.retry)
         return False
 
+    def holds(self) -> bool:
+        """Whether this candidate may write now: it leads, and its last renewal started less than
+        renew_deadline seconds ago (the module docstring says why that is safe while a round hangs)."""
+        return self.leading.is_set() and self.clock() - self.renewed_at < self.renew_deadline
+
     def keep(self, stopping: threading.Event) -> bool:
         """Renew until `stopping` (True) or until no renewal succeeded for renew_deadline seconds (False: lost)."""
-        renewed = self.clock()
         while not stopping.wait(self.retry):
-            if self._round():
-                renewed = self.clock()
-            elif self.clock() - renewed >= self.renew_deadline:
+            if not self._round() and self.clock() - self.renewed_at >= self.renew_deadline:
                 self.leading.clear()
                 logs.get().error("lost the lease: stopping", extra={"lease": f"{self.namespace}/{self.name}"})
                 return False
