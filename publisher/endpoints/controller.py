@@ -193,11 +193,13 @@ class Controller:
             return []
         self._refused.pop(key, None)
         claims = {key_of(c)[1]: c for c in self.claims.in_namespace(namespace)}
+        pods = self.pods.in_namespace(namespace)
+        shared = select.shared_claims(pods, claims)
         members = []
-        for pod in self.pods.in_namespace(namespace):
-            if not sel.selects(pod) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        for pod in pods:
+            if not sel.selects(pod) or not select.running(pod):
                 continue
-            members.append(slices.PodAddresses(pod, tuple(select.addresses(pod, claims, sel))))
+            members.append(slices.PodAddresses(pod, tuple(select.addresses(pod, claims, sel, shared))))
         return slices.desired(svc, sel.families, members)
 
     def sync(self, key: Key) -> None:

@@ -13,15 +13,22 @@ first user story: a Service whose endpoints are the pods' addresses on a seconda
 - `netclaim.dev/endpoints-family`: `IPv4`, `IPv6` or `IPv4,IPv6`; without it the Service's own
   `spec.ipFamilies`.
 
-Only an entry of a claim reserved for the pod counts (its `reservedFor` names the pod's UID): a
-claim of the same name left from a deleted pod never lends its addresses to the new one.
+Only an entry of a claim reserved for the pod counts (its `reservedFor` names the pod's UID, or
+the pod's PodGroup: publisher/reconcile/reservation.py, the rule every part of netclaim uses): a
+claim of the same name left from a deleted pod never lends its addresses to the new one. A claim
+that several running pods use (a shared claim, a PodGroup's) has one entry per device, which shows
+the attachment of the latest of them, and nothing in it says which pod that is: its addresses go
+to none of them rather than to all (one address on several pods' endpoints, most of them wrong).
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
+
+from publisher.reconcile.reservation import admits, pod_group_name
 
 PREFIX = "netclaim.dev/endpoints-"
 SELECTOR = PREFIX + "selector"
@@ -112,8 +119,23 @@ def _request_matches(result_request: str, wanted: str) -> bool:
     return result_request == wanted or result_request.startswith(wanted + "/")
 
 
-def _reserved_for(claim: dict[str, Any], pod_uid: str) -> bool:
-    return any(r.get("uid") == pod_uid for r in (claim.get("status") or {}).get("reservedFor") or [])
+def _reserved_for(claim: dict[str, Any], pod: dict[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    return admits(claim, meta.get("namespace", ""), meta.get("uid", ""), lambda: pod_group_name(pod))
+
+
+def running(pod: dict[str, Any]) -> bool:
+    """A pod whose claims are in use: not Succeeded or Failed."""
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def shared_claims(pods: Iterable[dict[str, Any]], claims: dict[str, dict[str, Any]]) -> set[str]:
+    """The claims (by name, one namespace) that more than one running pod uses and may use."""
+    users: Counter[str] = Counter()
+    for pod in pods:
+        if running(pod):
+            users.update({n for n in claim_names(pod) if n in claims and _reserved_for(claims[n], pod)})
+    return {name for name, count in users.items() if count > 1}
 
 
 def servable(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -132,15 +154,15 @@ class Address:
     ready: bool
 
 
-def addresses(pod: dict[str, Any], claims: dict[str, dict[str, Any]], sel: Selection) -> list[Address]:
+def addresses(pod: dict[str, Any], claims: dict[str, dict[str, Any]], sel: Selection,
+              shared: frozenset[str] | set[str] = frozenset()) -> list[Address]:
     """The pod's addresses on the Service's network, from the entries of its claims (`claims` by name,
-    the pod's namespace), in the order the entries list them, each IP once."""
-    uid = (pod.get("metadata") or {}).get("uid", "")
+    the pod's namespace; none from a claim in `shared`), in the order the entries list them, each IP once."""
     found: list[Address] = []
     seen: set[str] = set()
     for name in claim_names(pod):
         claim = claims.get(name)
-        if claim is None or not _reserved_for(claim, uid):
+        if claim is None or name in shared or not _reserved_for(claim, pod):
             continue
         status = claim.get("status") or {}
         devices = {(r.get("pool"), r.get("device")) for r in

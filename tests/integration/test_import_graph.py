@@ -151,7 +151,7 @@ ROOMS: list[tuple[str, set[str]]] = [
                                                "publisher.journal", "publisher.intake", "publisher.live",
                                                "publisher.reconcile", "publisher.repair"}),
     ("publisher.keeper", GROUND | CONTRACT | {"cni_plugin", "publisher.kube", "publisher.observe"}),
-    ("publisher.endpoints", GROUND | {"publisher.kube", "publisher.observe"}),
+    ("publisher.endpoints", GROUND | {"publisher.kube", "publisher.observe", "publisher.reconcile"}),
     ("publisher.cli", GROUND | CONTRACT | {"publisher.kube", "publisher.nsopen", "publisher.observe",
                                            "publisher.journal", "publisher.intake", "publisher.live",
                                            "publisher.reconcile", "publisher.repair", "publisher.service",

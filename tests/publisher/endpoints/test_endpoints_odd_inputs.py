@@ -8,6 +8,7 @@ endpoints of every pod that shares it, for as long as that entry stays.
 from __future__ import annotations
 
 from endpoints_kit import annotated_service, endpoints_by_pod, server_pod
+from kubernetes import client
 from publisher_testkit import wait_until
 
 
@@ -21,3 +22,20 @@ def test_addresses_the_api_refuses_in_a_slice_are_left_out_and_the_other_pods_st
     wait_until("every pod on the IPv6 slice at its usable address",
                lambda: {p: ep["addresses"] for p, ep in endpoints_by_pod(cluster).items()} ==
                {"a": ["fd50::a"], "b": ["fd50::b"], "c": ["fd50::c"]}, timeout=60)
+
+
+def test_the_address_of_a_claim_two_running_pods_share_goes_to_neither_of_them(cluster, endpoints_controller):
+    """The claim's one entry shows the attachment of one of the two pods, and does not say which: listing the
+    address on both endpoints would make one of them wrong (and keep it ready while its pod is not)."""
+    uid_a = server_pod(cluster, "a", ["192.168.50.10/24"])
+    uid_b = cluster.pod("b", ["a-net"])
+    client.CoreV1Api(cluster.api).patch_namespaced_pod("b", cluster.namespace, {"metadata": {"labels": {"app": "web"}}})
+    cluster.resource.patch_namespaced_resource_claim_status("a-net", cluster.namespace, {"status": {"reservedFor": [
+        {"resource": "pods", "name": "a", "uid": uid_a}, {"resource": "pods", "name": "b", "uid": uid_b}]}},
+        _content_type="application/merge-patch+json")
+    server_pod(cluster, "c", ["192.168.50.12/24"])  # the control: a claim of its own
+    annotated_service(cluster, family="IPv4")
+    endpoints_controller()
+    wait_until("only c, whose claim is its own, on the slice",
+               lambda: {p: ep["addresses"] for p, ep in endpoints_by_pod(cluster).items()} ==
+               {"c": ["192.168.50.12"]}, timeout=60)

@@ -58,6 +58,19 @@ def test_a_claim_reserved_for_another_pod_lends_no_address():
     assert [a.ip for a in select.addresses(pod("p", "c"), {"c": c}, select.selection_of(service()))] == ["192.168.50.7"]
 
 
+def test_a_claim_reserved_for_the_pods_podgroup_gives_its_address():
+    c = claim("c", "", [("macvlan", "mv")], [entry("mv", ["192.168.50.7/24"])])
+    c["status"]["reservedFor"] = [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "g",
+                                   "uid": "group-uid"}]
+    member, other = pod("p", "c"), pod("q", "c")
+    member["spec"]["schedulingGroup"] = {"podGroupName": "g"}
+    other["spec"]["schedulingGroup"] = {"podGroupName": "h"}
+    sel = select.selection_of(service())
+    assert [a.ip for a in select.addresses(member, {"c": c}, sel)] == ["192.168.50.7"]
+    assert select.addresses(other, {"c": c}, sel) == [], "another group's pod is not admitted"
+    assert select.shared_claims([member, other], {"c": c}) == set(), "only one of them may use it"
+
+
 def test_a_subrequest_matches_its_request():
     c = claim("c", "uid-p", [("macvlan/fast", "mv")], [entry("mv", ["192.168.50.7/24"], ready="False")])
     assert select.addresses(pod("p", "c"), {"c": c}, select.selection_of(service())) == [
