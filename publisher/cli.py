@@ -48,7 +48,8 @@ PROG = "netclaim-publisher"
 RUN_HELP_ORDER = (
     "node_name", "kubeconfig", "socket_path", "state_dir", "spool_dir", "metrics_address", "probe_address",
     "probe_socket", "log_format", "log_level", "allowed_uid", "allowed_gid", "workers", "resolve_timeout",
-    "verify_after", "verify_spread", "sibling_hold", "device_id_attributes", "claim_window", "max_claim_windows",
+    "verify_after", "verify_spread", "sibling_hold", "device_id_attributes", "shared_attachments", "claim_window",
+    "max_claim_windows",
     "resync_interval", "retry_max_delay", "emit_events", "spool_interval", "driver_names", "drivers_file",
     "unchained_grace", "durable_commits", "live_watch", "live_added_addresses", "netns_dirs", "netns_opener",
     "node_lease", "node_lease_namespace", "node_lease_period", "node_lease_prefix", "pod_name", "pod_uid",
@@ -156,7 +157,7 @@ def run(node_name: str, kubeconfig: str | None, log_format: str, log_level: str,
                         drivers_file=repair.drivers_file, unchained_grace=repair.unchained_grace,
                         durable_commits=journal.durable_commits, live_watch=live.live_watch,
                         live_added_addresses=live.live_added_addresses, netns=nsopen_options.settings_from(values),
-                        device_id_attributes=rules.device_id_attributes,
+                        device_id_attributes=rules.device_id_attributes, shared_attachments=rules.shared_attachments,
                         node_lease=nodelease.settings_from(values, node_name, kubeconfig))
     socket_path, spool_dir = intake.socket_path, intake.spool_dir
     allowed_uid, allowed_gid = intake.allowed_uids, intake.allowed_gids

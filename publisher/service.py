@@ -79,6 +79,8 @@ class Settings:
     netns: NetnsAccess = field(default_factory=NetnsAccess)  # the netns dirs it may open, and the opener if any
     # Slice attributes an event's device ID is matched against (publisher/reconcile/slices.py).
     device_id_attributes: tuple[str, ...] = DEFAULT_DEVICE_ID_ATTRIBUTES
+    # A device several pods use lists them all in its entry's data (publisher/reconcile/sharing.py).
+    shared_attachments: bool = False
     # The node's heartbeat Lease for `netclaim-publisher fleet` (publisher/observe/nodelease.py); None: off.
     node_lease: LeaseSettings | None = None
 
@@ -158,7 +160,8 @@ class Service:
         self.resolver = Resolver(kube, settings.node_name, self.pods, self.windows, slices)
         self.reconciler = Reconciler(kube=kube, journal=self.journal, writer=self.writer, pods=self.pods,
                                      node=settings.node_name, reporter=self.report, windows=self.windows,
-                                     verified=self.safety.verified, slices=slices, covered=self.unchained.covered)
+                                     verified=self.safety.verified, slices=slices, covered=self.unchained.covered,
+                                     shared_attachments=settings.shared_attachments)
         self.intake = Intake(journal=self.journal, spool_dir=settings.spool_dir, node=settings.node_name,
                              reporter=self.report, workers=self.shards, health=self.health)
         self.housekeeping = Housekeeping(

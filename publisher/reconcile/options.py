@@ -33,6 +33,11 @@ OPTIONS = [
                       "first found wins; the variable: space-separated). An interface whose meta plugin handed it "
                       "a device ID (Multus: deviceID) is mapped to the allocated device carrying that ID. Default: "
                       "k8s.cni.cncf.io/deviceID, then resource.kubernetes.io/pciBusID."),
+    click.option("--shared-attachments/--no-shared-attachments", envvar="NETCLAIM_SHARED_ATTACHMENTS",
+                 show_envvar=True, default=False, show_default=True,
+                 help="A device several pods use (a shared claim, a PodGroup's) shows one entry, its newest "
+                      "sandbox's; with this on, that entry's data also lists every pod on the device "
+                      "(`attachments`: pod, sandbox, interface, IPs, MAC), within the API's 10 KiB."),
     click.option("--retry-max-delay", envvar="NETCLAIM_RETRY_MAX_DELAY", show_envvar=True, default=5.0,
                  show_default=True, type=float,
                  help="Cap of the backoff between retries of a failed apply (429/5xx/no connection)."),
@@ -45,13 +50,15 @@ options = stacked(OPTIONS)
 
 @dataclass(frozen=True)
 class ReconcileSettings:
-    """Workers, the resolve deadline, the sibling hold, the slice attributes of device IDs, the retry cap."""
+    """Workers, the resolve deadline, the sibling hold, the slice attributes of device IDs, the retry cap,
+    whether a shared device's entry lists its pods."""
 
     workers: int
     resolve_timeout: float
     sibling_hold: float
     device_id_attributes: tuple[str, ...]
     retry_cap: float
+    shared_attachments: bool = False
 
 
 def settings_from(values: dict[str, Any]) -> ReconcileSettings:
@@ -64,4 +71,4 @@ def settings_from(values: dict[str, Any]) -> ReconcileSettings:
         raise click.BadParameter(str(exc), param_hint="--device-id-attribute") from None
     return ReconcileSettings(workers=values["workers"], resolve_timeout=values["resolve_timeout"],
                              sibling_hold=values["sibling_hold"], device_id_attributes=id_attributes,
-                             retry_cap=values["retry_max_delay"])
+                             retry_cap=values["retry_max_delay"], shared_attachments=values["shared_attachments"])

@@ -46,6 +46,7 @@ from publisher.observe.report import Reporter, event_fields
 from publisher.reconcile.mapper import current_form
 from publisher.reconcile.reservation import Reservations, reservations
 from publisher.reconcile.resolver import PodInfo, Unresolvable, allocated_node, choose_device, device_key
+from publisher.reconcile.sharing import shared_entry, without_attachments
 from publisher.reconcile.slices import SliceFacts
 from publisher.reconcile.writer import Writer, body_hash, owned_keys, sort_entries
 
@@ -59,6 +60,9 @@ class Desired:
     hidden: list[tuple[Attachment, str]] = field(default_factory=list)
     dropped: list[tuple[Attachment, str]] = field(default_factory=list)
     moved: list[Attachment] = field(default_factory=list)  # re-chosen onto a newly allocated device
+    # device -> its live attachments, when the entries list every pod of a shared device
+    # (--shared-attachments, publisher/reconcile/sharing.py); None when they do not.
+    sharers: dict[tuple[str, str, str, str], list[Attachment]] | None = None
 
 
 ClaimFacts = tuple[str, str | None, set[tuple[str, str, str, str]], Reservations]
@@ -151,9 +155,11 @@ def newest_sandbox(atts: list[Attachment], order: BootOrder) -> Attachment:
 def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
          pod_alive: Callable[[Attachment], bool], order: BootOrder,
          slice_facts: SliceLookup | None = None, pod_group: Callable[[Attachment], str] = _no_group,
-         extended: Callable[[Attachment], frozenset[str] | None] = _no_mapping) -> Desired:
+         extended: Callable[[Attachment], frozenset[str] | None] = _no_mapping,
+         shared_attachments: bool = False) -> Desired:
     """Which attachments the claim's status shows, hides, or forgets (pure but for pod_alive,
-    pod_group and extended, which read the pod watch)."""
+    pod_group and extended, which read the pod watch). `shared_attachments`: a device several
+    pods use lists them all in its entry's data (publisher/reconcile/sharing.py)."""
     facts = claim_facts(claim)
     out = Desired()
     by_device: dict[tuple[str, str, str, str], list[Attachment]] = {}
@@ -190,14 +196,31 @@ def plan(claim: dict[str, Any], atts: list[Attachment], node: str,
             continue
         by_device.setdefault(att.device_key, []).append(att)
     out.shown = [newest_sandbox(by_device[k], order) for k in sorted(by_device)]
-    out.entries = applied_entries(out.shown)
+    out.sharers = by_device if shared_attachments else None
+    out.entries = applied_entries(out.shown, out.sharers, order)
     return out
 
 
-def applied_entries(shown: list[Attachment]) -> list[dict[str, Any]]:
+def applied_entries(shown: list[Attachment],
+                    sharers: dict[tuple[str, str, str, str], list[Attachment]] | None = None,
+                    order: BootOrder | None = None) -> list[dict[str, Any]]:
     """The apply body's entries: each as the live watch shows it, in this release's form
-    (an entry an older release journaled is rewritten, publisher/reconcile/mapper.py current_form)."""
-    return sort_entries([current_form(shown_entry(a.entry, a.live)) for a in shown])
+    (an entry an older release journaled is rewritten, publisher/reconcile/mapper.py current_form).
+
+    With `sharers` (and the `order` that picked each device's newest sandbox), a device several
+    pods use lists them in its data; without, no entry carries such a list, not even one adopted
+    from the API after the option was turned off."""
+    entries = []
+    for att in shown:
+        entry = current_form(shown_entry(att.entry, att.live))
+        if sharers is not None and order is not None:
+            entry = shared_entry(entry, att, sharers.get(att.device_key, [att]),
+                                 lambda atts: newest_sandbox(atts, order))
+        elif isinstance(entry.get("data"), dict):
+            data = without_attachments(entry["data"])
+            entry = entry if data is entry["data"] else {**entry, "data": data}
+        entries.append(entry)
+    return sort_entries(entries)
 
 
 def allocation_fingerprint(claim: dict[str, Any]) -> str:
@@ -268,8 +291,9 @@ class Reconciler:
     def __init__(self, *, kube: Kube, journal: Journal, writer: Writer, pods: Any, node: str,
                  reporter: Reporter, order: BootOrder | None = None, windows: Any = None,
                  verified: Callable[[str], None] = lambda key: None, slices: SliceFacts | None = None,
-                 covered: Covered | None = None) -> None:
+                 covered: Covered | None = None, shared_attachments: bool = False) -> None:
         self.kube = kube
+        self.shared_attachments = shared_attachments  # --shared-attachments (publisher/reconcile/sharing.py)
         self.slices = slices or SliceFacts(kube, node)
         # Told which of the claim's devices each reconcile shows (publisher/repair/unchained.py).
         self.covered: Covered = covered or _not_told
@@ -352,7 +376,7 @@ class Reconciler:
             mark = self.journal.dirty_mark(ns, name)  # a mark made after this read outlives the reconcile
             atts = [a for a in self.journal.for_claim(ns, name) if not self._quarantined(key, a.driver, claim)]
             desired = plan(claim, atts, self.node, self._pod_alive, self.order, self.slices.facts, self._pod_group,
-                           self._extended)
+                           self._extended, self.shared_attachments)
             self.covered(key, claim, {a.device_key for a in desired.shown})
             rv = (claim.get("metadata") or {}).get("resourceVersion", "")
             if self._rejected.get(key) == (body_hash(desired.entries), rv):
@@ -404,7 +428,7 @@ class Reconciler:
             return None
         for driver in drivers:
             rest = [a for a in desired.shown if a.driver != driver]
-            entries = applied_entries(rest)
+            entries = applied_entries(rest, desired.sharers, self.order)
             try:
                 self.writer.apply(ns, name, entries, None, record=False)
             except PermanentError:
@@ -415,7 +439,7 @@ class Reconciler:
             self.log.warning("entries of one driver left out of the claim after a refusal",
                              extra={"driver": driver, "claim": key})
             return Desired(entries=entries, shown=rest, hidden=desired.hidden, dropped=desired.dropped,
-                           moved=desired.moved)
+                           moved=desired.moved, sharers=desired.sharers)
         return None
 
     def _commit(self, ns: str, name: str, desired: Desired, applied: str | None, mark: DirtyMark) -> None:

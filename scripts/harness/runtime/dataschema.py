@@ -4,7 +4,9 @@ conf/schema/netclaim.dev_v1_CNIResult.schema.json is what consumers are told `da
 suite's readers of claim status (publisher_testkit's Cluster, realcluster.entries_of, the e2e
 Cluster) pass what they read through `check_entries`, so a writer of `data` anywhere in the
 product that forgets apiVersion, emits a field the schema does not document, or gives a field
-another type, fails the test that reads the entry, with the schema's complaint.
+another type, fails the test that reads the entry, with the schema's complaint. The list of pods
+on a shared device (`attachments`, opt-in) is also held to what the schema cannot express: one item
+per pod, sorted by pod name, the shown sandbox among them (`attachments_errors`).
 
 Which entries are netclaim's: `data` that names a `netclaim.dev/` apiVersion, and `data` in the
 shape netclaim wrote before it carried one (`containerID` and `network` without `apiVersion`),
@@ -69,6 +71,25 @@ def data_errors(data: Any) -> list[str]:
     if isinstance(data, dict):
         known = validator.schema["properties"]
         errors += [f"{key}: not documented in {SCHEMA_NAME}" for key in data if key not in known]
+        errors += attachments_errors(data)
+    return errors
+
+
+def attachments_errors(data: dict[str, Any]) -> list[str]:
+    """What the schema cannot say about `attachments` (--shared-attachments): one item per pod,
+    sorted by pod name, and the shown sandbox (`containerID`) among them; a list cut to fit says so
+    in `trimmed`, a whole one has at least two pods."""
+    items = data.get("attachments")
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        return []  # the validator has said what is wrong
+    errors = []
+    pods = [i.get("pod") for i in items]
+    if not all(isinstance(p, str) for p in pods) or pods != sorted(set(pods)):
+        errors.append(f"attachments: not one item per pod sorted by pod name: {pods}")
+    if data.get("containerID") not in [i.get("containerID") for i in items]:
+        errors.append(f"attachments: the shown sandbox {data.get('containerID')!r} is not listed")
+    if len(items) < 2 and "attachments" not in (data.get("trimmed") or []):
+        errors.append("attachments: a list of one pod that was not cut (one pod shows no list)")
     return errors
 
 

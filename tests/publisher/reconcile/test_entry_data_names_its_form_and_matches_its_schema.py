@@ -29,6 +29,7 @@ from publisher.reconcile.mapper import (
     map_event,
     versioned_data,
 )
+from publisher.reconcile.sharing import ATTACHMENTS
 from publisher.reconcile.writer import body_hash, sort_entries
 
 POD = PodRef("ns", "pod", "uid-1")
@@ -103,7 +104,7 @@ def test_every_trim_step_keeps_apiversion_and_kind_within_the_limit():
 def test_the_schema_says_what_the_mapper_writes():
     props = schema()["properties"]
     assert (props["apiVersion"]["const"], props["kind"]["const"]) == (DATA_API_VERSION, DATA_KIND)
-    assert props["trimmed"]["items"]["enum"] == list(TRIM_ORDER)
+    assert props["trimmed"]["items"]["enum"] == [*TRIM_ORDER, ATTACHMENTS]  # the list of pods is cut last
     assert {"apiVersion", "kind"} <= set(schema()["required"])
 
 
