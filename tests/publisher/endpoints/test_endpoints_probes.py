@@ -9,6 +9,8 @@ stop(), the seam that ends one watch while the rest of the controller runs.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -35,6 +37,12 @@ def ask(port: int, path: str) -> tuple[int, str]:
         return 0, str(exc)
 
 
+def exec_probe(sock: str, path: str) -> int:
+    """The chart's exec probe command (probes.mode=exec): its exit code."""
+    return subprocess.run([sys.executable, "-I", "-m", "publisher.observe.localprobe", sock, path],
+                          capture_output=True, timeout=30).returncode
+
+
 def grant(cluster: Any, name: str, account: str, rules: list[dict[str, Any]]) -> None:
     rbac = client.RbacAuthorizationV1Api(cluster.api)
     rbac.create_namespaced_role(cluster.namespace, {"metadata": {"name": name}, "rules": rules})
@@ -59,8 +67,9 @@ def test_the_leader_is_ready_once_its_first_lists_are_done_and_live_meanwhile(
         "endpoints", cluster.namespace,
         {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}}).status.token
     kubeconfig = control_plane.kubeconfig_for_token(token, workdir / "endpoints.kubeconfig")
-    port = free_port()
-    controller = Controller(kubeconfig, cluster.namespace, workdir, "a", [f"--probe-address=127.0.0.1:{port}"])
+    port, sock = free_port(), str(workdir / "probe.sock")
+    controller = Controller(kubeconfig, cluster.namespace, workdir, "a",
+                            [f"--probe-address=127.0.0.1:{port}", f"--probe-socket={sock}"])
     try:
         controller.start()
         status, body = wait_until("the leader says its claims are not listed yet",
@@ -68,11 +77,14 @@ def test_the_leader_is_ready_once_its_first_lists_are_done_and_live_meanwhile(
                                       ask(port, "/readyz")), timeout=90)
         assert "first list not done" in body
         assert ask(port, "/healthz")[0] == 200  # refused lists are not a stall (yet): live
+        # the chart's exec probes ask the socket the same (exit 0 only on 200)
+        assert (exec_probe(sock, "/healthz"), exec_probe(sock, "/readyz")) == (0, 1)
         grant(cluster, "endpoints-claims", "endpoints", [
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list", "watch"]}])
         wait_until("ready once the claims' list completes", lambda: ask(port, "/readyz") == (200, "leading\n"),
                    timeout=120)
         assert ask(port, "/healthz")[0] == 200
+        assert (exec_probe(sock, "/healthz"), exec_probe(sock, "/readyz")) == (0, 0)
     finally:
         controller.kill()
 
