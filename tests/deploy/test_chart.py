@@ -246,6 +246,17 @@ def test_no_container_that_listens_or_holds_the_token_has_a_capability() -> None
     assert "--no-live-watch" in publisher["args"] and not any("--netns" in a for a in publisher["args"])
 
 
+def test_shared_attachments_is_off_by_default_and_the_value_turns_the_publishers_option_on() -> None:
+    """publisher.sharedAttachments: every pod on a shared device listed in its entry's data (opt-in)."""
+    def publisher_args(*values: str) -> list[str]:
+        return containers(render(*values))["publisher"]["args"]
+
+    assert not any("shared-attachments" in a for a in publisher_args())
+    assert "--shared-attachments" in publisher_args("publisher.sharedAttachments=true")
+    with pytest.raises(AssertionError, match="values don.t meet the specifications"):
+        render("publisher.sharedAttachments=maybe")  # the values schema: a boolean only
+
+
 def test_values_reach_the_daemonset() -> None:
     docs = render("image.repository=registry.example/netclaim", "image.tag=9.9.9", "cni.confDir=/etc/cni/multus.d",
                   "cni.binDir=/var/lib/cni/bin", "cni.conflist=05-cilium.conflist", "metrics.port=19464",
@@ -307,7 +318,7 @@ NON_DEFAULT = ("nameOverride=nc", "commonLabels.team=net", "podLabels.tier=node"
                "serviceAccount.annotations.owner=net", "updateStrategy.maxUnavailable=10%",
                "resourceQuota.enabled=true", "securityContext.privileged=true", "securityContext.seLinuxType=spc_t",
                "cni.pluginLogFile=/var/log/netclaim/plugin.log", "metrics.dashboard.enabled=true",
-               "cni.pluginSpoolMaxFiles=500", "endpoints.enabled=true",
+               "cni.pluginSpoolMaxFiles=500", "endpoints.enabled=true", "publisher.sharedAttachments=true",
                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
                ".matchExpressions[0].key=netclaim",
                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
