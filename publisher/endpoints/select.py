@@ -16,9 +16,11 @@ first user story: a Service whose endpoints are the pods' addresses on a seconda
 Only an entry of a claim reserved for the pod counts (its `reservedFor` names the pod's UID, or
 the pod's PodGroup: publisher/reconcile/reservation.py, the rule every part of netclaim uses): a
 claim of the same name left from a deleted pod never lends its addresses to the new one. A claim
-that several running pods use (a shared claim, a PodGroup's) has one entry per device, which shows
-the attachment of the latest of them, and nothing in it says which pod that is: its addresses go
-to none of them rather than to all (one address on several pods' endpoints, most of them wrong).
+that several running pods use (a shared claim, a PodGroup's) has one entry per device, showing the
+attachment of the latest of them. When the node's publisher runs with --shared-attachments, the
+entry's `data.attachments` (netclaim.dev/v1 CNIResult) lists each pod's own addresses, and each pod
+gets its own; without that list nothing says which pod the entry's addresses are, and they go to
+none of the pods rather than to all (one address on several pods' endpoints, most of them wrong).
 """
 
 from __future__ import annotations
@@ -145,6 +147,20 @@ def servable(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
                 or (isinstance(ip, ipaddress.IPv6Address) and (ip.scope_id or ip.ipv4_mapped)))
 
 
+DATA_API_VERSION, DATA_KIND = "netclaim.dev/v1", "CNIResult"  # the form of `data` netclaim's entries carry
+
+
+def _shared_ips(entry: dict[str, Any], pod_uid: str) -> list[str]:
+    """The pod's own addresses on a shared device, from the entry's data.attachments ([] when not listed)."""
+    data = entry.get("data") or {}
+    if not isinstance(data, dict) or data.get("apiVersion") != DATA_API_VERSION or data.get("kind") != DATA_KIND:
+        return []
+    for item in data.get("attachments") or []:
+        if isinstance(item, dict) and pod_uid and item.get("podUID") == pod_uid:
+            return [ip for ip in item.get("ips") or [] if isinstance(ip, str)]
+    return []
+
+
 @dataclass(frozen=True)
 class Address:
     """One address the pod serves on the network: its entry's readiness and the IP without its prefix."""
@@ -157,12 +173,14 @@ class Address:
 def addresses(pod: dict[str, Any], claims: dict[str, dict[str, Any]], sel: Selection,
               shared: frozenset[str] | set[str] = frozenset()) -> list[Address]:
     """The pod's addresses on the Service's network, from the entries of its claims (`claims` by name,
-    the pod's namespace; none from a claim in `shared`), in the order the entries list them, each IP once."""
+    the pod's namespace; of a claim in `shared`, only the entry's data.attachments item of this pod), in
+    the order the entries list them, each IP once."""
+    uid = (pod.get("metadata") or {}).get("uid", "")
     found: list[Address] = []
     seen: set[str] = set()
     for name in claim_names(pod):
         claim = claims.get(name)
-        if claim is None or name in shared or not _reserved_for(claim, pod):
+        if claim is None or not _reserved_for(claim, pod):
             continue
         status = claim.get("status") or {}
         devices = {(r.get("pool"), r.get("device")) for r in
@@ -172,7 +190,8 @@ def addresses(pod: dict[str, Any], claims: dict[str, dict[str, Any]], sel: Selec
             if entry.get("driver") != sel.driver or (entry.get("pool"), entry.get("device")) not in devices:
                 continue
             ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in entry.get("conditions") or [])
-            for cidr in (entry.get("networkData") or {}).get("ips") or []:
+            ips = _shared_ips(entry, uid) if name in shared else (entry.get("networkData") or {}).get("ips") or []
+            for cidr in ips:
                 try:
                     ip = ipaddress.ip_interface(cidr).ip
                 except ValueError:

@@ -7,7 +7,7 @@ endpoints of every pod that shares it, for as long as that entry stays.
 
 from __future__ import annotations
 
-from endpoints_kit import annotated_service, endpoints_by_pod, server_pod
+from endpoints_kit import annotated_service, endpoints_by_pod, entry, server_pod, write_entries
 from kubernetes import client
 from publisher_testkit import wait_until
 
@@ -39,3 +39,27 @@ def test_the_address_of_a_claim_two_running_pods_share_goes_to_neither_of_them(c
     wait_until("only c, whose claim is its own, on the slice",
                lambda: {p: ep["addresses"] for p, ep in endpoints_by_pod(cluster).items()} ==
                {"c": ["192.168.50.12"]}, timeout=60)
+
+
+def test_a_shared_device_whose_entry_lists_each_pods_attachment_gives_each_pod_its_own_address(
+        cluster, endpoints_controller):
+    """The node's publisher with --shared-attachments lists every pod on the device in the entry's data."""
+    uid_a = server_pod(cluster, "a", ["192.168.50.10/24"])
+    uid_b = cluster.pod("b", ["a-net"])
+    client.CoreV1Api(cluster.api).patch_namespaced_pod("b", cluster.namespace, {"metadata": {"labels": {"app": "web"}}})
+    cluster.resource.patch_namespaced_resource_claim_status("a-net", cluster.namespace, {"status": {"reservedFor": [
+        {"resource": "pods", "name": "a", "uid": uid_a}, {"resource": "pods", "name": "b", "uid": uid_b}]}},
+        _content_type="application/merge-patch+json")
+    shown = entry("mv-a", ["192.168.50.11/24"])  # b's sandbox is the newest: the entry shows it
+    shown["data"] = {"apiVersion": "netclaim.dev/v1", "kind": "CNIResult", "cniVersion": "1.1.0", "network": "mv",
+                     "containerID": "sandbox-b", "attachments": [
+                         {"pod": "a", "podUID": uid_a, "containerID": "sandbox-a", "interfaceName": "net1",
+                          "ips": ["192.168.50.10/24"]},
+                         {"pod": "b", "podUID": uid_b, "containerID": "sandbox-b", "interfaceName": "net1",
+                          "ips": ["192.168.50.11/24"]}]}
+    write_entries(cluster, "a-net", [entry("eth-a", ["10.244.0.9/24"]), shown])
+    annotated_service(cluster, family="IPv4")
+    endpoints_controller()
+    wait_until("a and b on the slice, each at its own address",
+               lambda: {p: ep["addresses"] for p, ep in endpoints_by_pod(cluster).items()} ==
+               {"a": ["192.168.50.10"], "b": ["192.168.50.11"]}, timeout=60)
