@@ -111,9 +111,10 @@ class Controller:
         _strip(new)
         obj = new or old or {}
         key = key_of(obj)
-        if new is None:
+        if new is None or old is None:  # deleted, or made (again): no deletion of ours is pending for it
             with self._cond:
-                self._applied.pop(key, None)  # deleted by someone: write it again if still wanted
+                if new is None:
+                    self._applied.pop(key, None)  # deleted by someone: write it again if still wanted
                 self._deleting.discard(key)
         service = ((obj.get("metadata") or {}).get("labels") or {}).get(slices.SERVICE_NAME)
         if service and self._ready.is_set():
@@ -232,13 +233,21 @@ class Controller:
                     ((sl.get("metadata") or {}).get("labels") or {}).get(slices.SERVICE_NAME) != name:
                 continue
             self._fence()
-            try:
-                self.kube.delete_slice(*skey)
-            except NotFound:
-                pass
-            self.stats.deletes += 1
+            # Marked before the call: the slice's DELETED event may come before the call returns, and a
+            # mark set after it would then never be cleared, so a slice of that name made again later
+            # would never be deleted. Gone already, or not deleted: the mark goes at once.
             with self._cond:
                 self._applied.pop(skey, None)
                 self._deleting.add(skey)
+            try:
+                self.kube.delete_slice(*skey)
+            except NotFound:
+                with self._cond:
+                    self._deleting.discard(skey)
+            except BaseException:
+                with self._cond:
+                    self._deleting.discard(skey)
+                raise
+            self.stats.deletes += 1
         if wanted:
             logs.get().debug("slices in sync", extra={"service": f"{namespace}/{name}", "slices": len(wanted)})
