@@ -100,6 +100,9 @@ class LossyApiProxy:
                 return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
+    def _before_forward(self, head: bytes) -> None:
+        """Called with each request's head before anything else is done with it: a subclass's delay."""
+
     def _serve(self, raw: socket.socket) -> None:
         try:
             conn = self.server_ctx.wrap_socket(raw, server_side=True)
@@ -110,6 +113,7 @@ class LossyApiProxy:
             head, body = _read_request(conn)
             if head is None:
                 return
+            self._before_forward(head)
             method, path = head.split(b" ", 2)[:2]
             status_patch = method == b"PATCH" and b"/status" in path.split(b"?")[0]
             if status_patch and self._take_hold():

@@ -9,14 +9,13 @@ pod's entry then comes to both. Only the new leader may write it.
 
 from __future__ import annotations
 
-import ssl
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from endpoints_kit import annotated_service, endpoints_by_pod, entry, server_pod, write_entries
-from lossy_proxy import LossyApiProxy, _closing, _read_request
+from lossy_proxy import LossyApiProxy
 from publisher_testkit import free_port, wait_until
 
 from publisher.endpoints import options
@@ -34,29 +33,10 @@ class LeaseStallingProxy(LossyApiProxy):
         self.stall = threading.Event()
         self.stalled = 0
 
-    def _serve(self, raw: Any) -> None:
-        import socket
-
-        try:
-            conn = self.server_ctx.wrap_socket(raw, server_side=True)
-        except (OSError, ssl.SSLError):
-            raw.close()
-            return
-        try:
-            head, body = _read_request(conn)
-            if head is None:
-                return
-            if self.stall.is_set() and b"/leases" in head.split(b" ", 2)[1]:
-                self.stalled += 1
-                time.sleep(LEASE_DELAY)
-            with socket.create_connection(self.upstream, timeout=self.upstream_timeout) as up_raw:
-                with self.client_ctx.wrap_socket(up_raw, server_hostname=self.upstream[0]) as up:
-                    up.sendall(_closing(head) + body)
-                    self._relay(up, conn)
-        except (OSError, ssl.SSLError, ValueError):
-            pass
-        finally:
-            conn.close()
+    def _before_forward(self, head: bytes) -> None:
+        if self.stall.is_set() and b"/leases" in head.split(b" ", 2)[1]:
+            self.stalled += 1
+            time.sleep(LEASE_DELAY)
 
 
 def program(kubeconfig: str, namespace: str, identity: str) -> Program:
