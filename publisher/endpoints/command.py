@@ -37,7 +37,8 @@ class Program:
         self.kube = EndpointsKube(api_client_for(cfg.kubeconfig, 8), credentials=Credentials(cfg.kubeconfig, 8))
         self.election = Election(self.kube, cfg.lease_namespace, cfg.lease_name, cfg.identity,
                                  duration=cfg.lease_duration, renew_deadline=cfg.renew_deadline, retry=cfg.retry)
-        self.probes = Probes(stopping, self.election.leading)
+        self.probes = Probes(stopping, self.election.leading, unanswered=self.election.unanswered_for,
+                             answer_within=self.election.duration)
         self.election.on_round = self.probes.election_round
         self.controller: Any = None
 

@@ -56,6 +56,15 @@ class Election:
     _observed_at: float = 0.0
     _lease: dict[str, Any] | None = None
     renewed_at: float = 0.0  # clock() at the start of the last round that wrote the Lease as this candidate's
+    answered_at: float | None = None  # clock() when the API server last answered a round's read (None: never)
+
+    def unanswered_for(self) -> float | None:
+        """Seconds since the API server last answered this candidate's election (None: never yet).
+
+        A standby the API server does not answer could never take over: it must not count as ready
+        (publisher/endpoints/probes.py), or two Ready replicas would hide that none can lead.
+        """
+        return None if self.answered_at is None else self.clock() - self.answered_at
 
     def _spec(self, spec: dict[str, Any], taking: bool) -> dict[str, Any]:
         now = micro_time()
@@ -74,6 +83,7 @@ class Election:
                 lease = self.kube.get_lease(self.namespace, self.name)
             except NotFound:
                 lease = None
+            self.answered_at = self.clock()
             if lease is None:
                 body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                         "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec({}, True)}

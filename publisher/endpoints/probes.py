@@ -7,8 +7,10 @@ making progress, and the kubelet restarts the pod (a restart costs one list per 
   event or a bookmark nor completed a list for limits.WATCH_STALLED (publisher/endpoints/watch.py);
 - the election loop (every replica's) or the leader's worker thread, with no round or pass for
   limits.LOOP_STALLED, or whose thread ended.
-Readiness: a standby is ready once its election loop runs; the leader once the first lists of all
-its watches are done (before that its slices are not known to be right).
+Readiness: a standby is ready while the API server answers its election (within the Lease's
+duration: one cut off could never take over, and two Ready replicas would hide that none can
+lead); the leader once the first lists of all its watches are done (before that its slices are
+not known to be right).
 
 The checks are the node publisher's (publisher/observe/health.py: heartbeats and extra checks that
 never block), served by its bounded probe listener (publisher/observe/metrics.py HealthServer, kept
@@ -19,7 +21,7 @@ and why, even when no probe asks: every election round looks.
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from publisher import limits, logs
 from publisher.observe.health import Health
@@ -38,9 +40,14 @@ class Probes:
     """Liveness and readiness of one replica: its election loop, and while it leads, its watches and worker."""
 
     def __init__(self, stopping: threading.Event, leading: threading.Event,
-                 stalled: float = limits.WATCH_STALLED) -> None:
+                 stalled: float = limits.WATCH_STALLED,
+                 unanswered: Callable[[], float | None] = lambda: 0.0, answer_within: float = 15.0) -> None:
         self.stopping = stopping
         self.leading = leading  # the Election's: set while this replica holds the Lease
+        # The Election's unanswered_for, and how long a standby may go unanswered and stay ready (the
+        # Lease's duration: a standby cut off longer could not take over when the leader goes).
+        self.unanswered = unanswered
+        self.answer_within = answer_within
         self.stalled = stalled
         self.health = Health(checks=(self._parts,))
         self.watches: list[Watched] = []  # set when this replica starts leading
@@ -88,6 +95,11 @@ class Probes:
         if "election" not in self.health.beats:
             return False, "starting: no election round yet"
         if not self.leading.is_set():
+            age = self.unanswered()
+            if age is None:
+                return False, "standby: the API server has not answered the election yet"
+            if age > self.answer_within:
+                return False, f"standby: the API server has not answered the election for {age:.0f} s"
             return True, "standby"
         if not self.watches:
             return False, "leading: starting the watches"

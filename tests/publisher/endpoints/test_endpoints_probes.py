@@ -158,3 +158,64 @@ def test_the_probe_options_are_checked_before_anything_starts() -> None:
 
     out = CliRunner().invoke(endpoints, ["--probe-address", "no-port"])
     assert out.exit_code == 2 and "HOST:PORT" in out.output
+
+
+def test_a_standby_the_api_server_does_not_answer_is_not_ready(control_plane, cluster, workdir):
+    """A standby cut off from the API server could never take over: two Ready replicas would hide that none can
+    lead. It talks to the API server through a proxy (tests/publisher/lossy_proxy.py): ready while answered,
+    503 naming the silence once the proxy is gone for longer than the Lease lasts; still live (a restart would
+    not reconnect it)."""
+    from lossy_proxy import LossyApiProxy
+    from test_endpoints_leader_fence import proxied_kubeconfig
+
+    leader_port, standby_port = free_port(), free_port()
+    leader = program(control_plane, cluster.namespace, "leader", leader_port)
+    runs = [threading.Thread(target=leader.run, daemon=True)]
+    runs[0].start()
+    proxy = LossyApiProxy(control_plane.server, control_plane.ca_file, workdir).start()
+    standby: Program | None = None
+    try:
+        wait_until("the leader is ready", lambda: ask(leader_port, "/readyz") == (200, "leading\n"))
+        cfg = options.EndpointsSettings(
+            kubeconfig=proxied_kubeconfig(control_plane, proxy, workdir / "proxied.kubeconfig"),
+            namespace=cluster.namespace, lease_namespace=cluster.namespace, lease_name="netclaim-endpoints",
+            identity="standby", lease_duration=6.0, renew_deadline=4.0, retry=1.0, log_format="json",
+            log_level="info", probe_address=f"127.0.0.1:{standby_port}")
+        standby = Program(cfg, threading.Event())
+        runs.append(threading.Thread(target=standby.run, daemon=True))
+        runs[1].start()
+        wait_until("the standby is ready", lambda: ask(standby_port, "/readyz") == (200, "standby\n"))
+        proxy.stop()
+        status, body = wait_until("the cut-off standby not ready", lambda: (lambda a: a if a[0] == 503 else None)(
+            ask(standby_port, "/readyz")), timeout=60)
+        assert "has not answered the election for" in body, body
+        assert ask(standby_port, "/healthz")[0] == 200  # a restart would not reconnect it: live, not ready
+    finally:
+        leader.stopping.set()
+        if standby is not None:
+            standby.stopping.set()
+        for run in runs:
+            run.join(40)
+
+
+def test_a_replica_the_api_server_never_answered_is_not_ready(control_plane, cluster, workdir):
+    """The chart's pods on a network that cannot reach the API server: the election never gets an answer, so
+    neither replica is ready (before, both were: a standby counted as ready once its loop ran)."""
+    from publisher_testkit import unreachable_kubeconfig
+
+    port = free_port()
+    cfg = options.EndpointsSettings(
+        kubeconfig=str(unreachable_kubeconfig(workdir)), namespace=cluster.namespace,
+        lease_namespace=cluster.namespace, lease_name="netclaim-endpoints", identity="cut-off", lease_duration=6.0,
+        renew_deadline=4.0, retry=1.0, log_format="json", log_level="info", probe_address=f"127.0.0.1:{port}")
+    cut_off = Program(cfg, threading.Event())
+    run = threading.Thread(target=cut_off.run, daemon=True)
+    run.start()
+    try:
+        wait_until("an election round", lambda: ask(port, "/healthz")[0] == 200, timeout=60)
+        wait_until("a second election round", lambda: cut_off.election.answered_at is None
+                   and "election" in cut_off.probes.health.beats, timeout=60)
+        assert ask(port, "/readyz") == (503, "standby: the API server has not answered the election yet\n")
+    finally:
+        cut_off.stopping.set()
+        run.join(40)
