@@ -339,6 +339,82 @@ def test_a_claim_the_scheduler_makes_for_the_named_extended_resource_is_publishe
         installed.kubectl("delete", "deviceclass", "nc-extended", "nc-other", "--ignore-not-found", check=False)
 
 
+def endpoints_pods(installed: RealCluster) -> list[dict[str, Any]]:
+    return [p for p in json.loads(installed.kubectl(
+        "get", "pod", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=endpoints", "-o", "json"))["items"]
+        if not p["metadata"].get("deletionTimestamp")]
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+
+
+def readiness_failures(installed: RealCluster, pod: str) -> list[str]:
+    """The kubelet's `Readiness probe failed` notes for the pod (its Unhealthy Events)."""
+    events = json.loads(installed.kubectl("get", "events", "-n", NAMESPACE, "--field-selector",
+                                          f"involvedObject.name={pod},reason=Unhealthy", "-o", "json"))["items"]
+    return [e.get("message", "") for e in events if "Readiness probe failed" in e.get("message", "")]
+
+
+def test_the_charts_endpoints_controller_is_ready_only_where_it_reaches_the_api_and_then_serves_a_service(
+        installed: RealCluster, ns: str) -> None:
+    """The chart's opt-in EndpointSlice controller (endpoints.enabled), turned on by `helm upgrade` on this
+    module's cluster. On the pod network its replicas cannot reach this test cluster's API server (it listens on
+    the host's loopback only), so they run, live, and are NOT ready, the kubelet's probe saying why. Then, for
+    this test cluster only, the Deployment is put on the host's network (where the API server is): both replicas
+    pass their readiness probes (one leads, one stands by), and a Service without a selector, annotated for
+    netclaim's driver and request, gets an EndpointSlice of the selected pod's published address, ready, naming
+    the pod and the node."""
+    from chartlib import CHART, helm
+    from test_daemonset_cluster import RELEASE
+
+    helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--set", "endpoints.enabled=true",
+         kubeconfig=installed.kubeconfig, timeout=300)
+    def cut_off() -> list[str]:
+        return [m for p in endpoints_pods(installed) if p["status"].get("phase") == "Running"
+                for m in readiness_failures(installed, p["metadata"]["name"]) if "has not answered the election" in m]
+    wait_until(cut_off, "an endpoints replica running, its readiness probe naming the unanswered election",
+               timeout=240)
+    assert not any(pod_ready(p) for p in endpoints_pods(installed))
+
+    # Test cluster only: the pod network has no route to the API server here.
+    installed.kubectl("patch", "deployment", f"{RELEASE}-endpoints", "-n", NAMESPACE, "--type", "merge", "-p",
+                      json.dumps({"spec": {"template": {"spec": {"hostNetwork": True}}}}))
+    installed.kubectl("rollout", "status", f"deployment/{RELEASE}-endpoints", "-n", NAMESPACE, "--timeout=240s",
+                      timeout=300)
+    ready = wait_until(lambda: (lambda ps: ps if len(ps) == 2 and all(map(pod_ready, ps)) else None)(
+        endpoints_pods(installed)), "both endpoints replicas Ready", timeout=120)
+    assert all(p["spec"].get("hostNetwork") for p in ready)
+    installed.claim_template(ns, "served-net")
+    pod = pod_manifest(ns, "served", template="served-net")
+    pod["metadata"]["labels"] = {"app": "served"}
+    try:
+        installed.apply(pod)
+        installed.wait_running(ns, "served", timeout=180)
+        claim = installed.pod_claim(ns, "served")
+        entry = wait_until(lambda: shows(installed, ns, claim, "served"), f"{ns}/{claim}'s entry Ready=True",
+                           timeout=120)
+        address = entry["networkData"]["ips"][0].split("/")[0]
+        installed.apply({"apiVersion": "v1", "kind": "Service", "metadata": {
+            "name": "served", "namespace": ns, "annotations": {
+                "netclaim.dev/endpoints-selector": "app=served", "netclaim.dev/endpoints-driver": installed.driver,
+                "netclaim.dev/endpoints-request": "nic"}},
+            "spec": {"ports": [{"name": "web", "port": 80, "protocol": "TCP"}]}})
+
+        def endpoints() -> list[dict[str, Any]] | None:
+            slices = json.loads(installed.kubectl("get", "endpointslice", "-n", ns, "-l",
+                                                  "kubernetes.io/service-name=served", "-o", "json"))["items"]
+            return [e for sl in slices for e in sl.get("endpoints") or []] or None
+        (endpoint,) = wait_until(endpoints, "the Service's EndpointSlice from the chart's controller", timeout=120)
+        assert endpoint["addresses"] == [address] and endpoint["conditions"]["ready"] is True, endpoint
+        assert endpoint["targetRef"]["name"] == "served" and endpoint["nodeName"] == installed.node, endpoint
+    finally:  # the device back to the node for the module's later cases, and the controller's pods gone
+        installed.kubectl("delete", "service", "served", "-n", ns, "--ignore-not-found", check=False)
+        installed.kubectl("delete", "pod", "served", "-n", ns, "--ignore-not-found", timeout=180, check=False)
+        helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--set", "endpoints.enabled=false",
+             kubeconfig=installed.kubeconfig, timeout=300)
+
+
 NAD_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
     "metadata": {"name": "network-attachment-definitions.k8s.cni.cncf.io"},
