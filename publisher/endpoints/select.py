@@ -30,6 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from publisher.reconcile.mapper import DATA_API_VERSION, DATA_KIND
 from publisher.reconcile.reservation import admits, pod_group_name
 
 PREFIX = "netclaim.dev/endpoints-"
@@ -145,9 +146,6 @@ def servable(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     loopback, link-local or multicast one (and the whole slice, every pod's endpoint in it, with it)."""
     return not (ip.is_unspecified or ip.is_loopback or ip.is_link_local or ip.is_multicast
                 or (isinstance(ip, ipaddress.IPv6Address) and (ip.scope_id or ip.ipv4_mapped)))
-
-
-DATA_API_VERSION, DATA_KIND = "netclaim.dev/v1", "CNIResult"  # the form of `data` netclaim's entries carry
 
 
 def _shared_ips(entry: dict[str, Any], pod_uid: str) -> list[str]:

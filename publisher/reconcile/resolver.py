@@ -194,6 +194,11 @@ def driver_results(claim: dict[str, Any], driver: str) -> list[dict[str, Any]]:
     return [r for r in results if r.get("driver") == driver]
 
 
+def _parent_request(result: dict[str, Any]) -> str:
+    """The claim request a result is for: `nic` for `nic` and for its subrequest `nic/fast`."""
+    return str(result.get("request", "")).split("/", 1)[0]
+
+
 def _request_matches(result_request: str, wanted: str) -> bool:
     """`nic` matches a result for `nic` and for a subrequest `nic/fast`."""
     return result_request == wanted or result_request.split("/", 1)[0] == wanted
@@ -227,14 +232,14 @@ def _candidates(claim: dict[str, Any], event: Event,
     driver's results."""
     results = driver_results(claim, event.driver)
     if extended is not None:
-        return [r for r in results if r.get("request", "").split("/", 1)[0] in extended], \
+        return [r for r in results if _parent_request(r) in extended], \
             f"extended resource {event.extended_resource!r}"
     if event.request:
         return [r for r in results if _request_matches(r.get("request", ""), event.request)], \
             f"request {event.request!r}"
     wanted = _config_requests(claim, event.driver, event.ifname)
     if wanted is not None:
-        return [r for r in results if not wanted or r.get("request", "").split("/", 1)[0] in wanted], \
+        return [r for r in results if not wanted or _parent_request(r) in wanted], \
             f"opaque config for interface {event.ifname}"
     return results, "driver"
 
